@@ -1,0 +1,18 @@
+"""boundedloop: bounded, checkpointed, reverse-mode differentiable loops for JAX."""
+
+import importlib.metadata
+
+from equinox import (
+    filter_grad as filter_grad,
+    filter_jit as filter_jit,
+    filter_value_and_grad as filter_value_and_grad,
+    filter_vmap as filter_vmap,
+)
+
+from ._while_loop import while_loop as while_loop
+
+
+try:
+    __version__ = importlib.metadata.version("boundedloop")
+except importlib.metadata.PackageNotFoundError:  # running from a source tree
+    __version__ = "0.0.0"

@@ -1,0 +1,89 @@
+"""The AD wrapper: a custom VJP tying the forward and reverse sweeps together.
+
+Undifferentiated, the loop is `plain_sweep` and does no checkpoint work. Under
+reverse mode the forward pass is `checkpointed_sweep` and the backward pass is
+`reverse_sweep`. Gradients flow to the initial carry and to every floating array the
+body closes over (`body` is closure-converted, so those arrays are its leaves).
+Integer and boolean leaves get no cotangent.
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+
+from ._forward import PLANNING_HORIZON, checkpointed_sweep, plain_sweep
+from ._reverse import reverse_sweep
+
+
+class LoopConfig(eqx.Module):
+    """The static description of one loop."""
+
+    max_steps: int | None = eqx.field(static=True)
+    checkpoints: int = eqx.field(static=True)
+
+
+def _float_part(tree):
+    return eqx.filter(tree, eqx.is_inexact_array)
+
+
+def _zeros_like_floats(tree):
+    return jtu.tree_map(jnp.zeros_like, _float_part(tree))
+
+
+def make_step_vjp(body):
+    """`(x, ct_x') -> (ct_body, ct_x)` for one step `x' = body(x)`, over the
+    floating leaves of `body` and `x` only."""
+    diff_body, static_body = eqx.partition(body, eqx.is_inexact_array)
+
+    def step_vjp(x, ct):
+        diff_x, static_x = eqx.partition(x, eqx.is_inexact_array)
+
+        def f(db, dx):
+            return _float_part(eqx.combine(db, static_body)(eqx.combine(dx, static_x)))
+
+        _, pullback = jax.vjp(f, diff_body, diff_x)
+        return pullback(ct)
+
+    return step_vjp
+
+
+@eqx.filter_custom_vjp
+def checkpointed_loop(body_and_init, cond, config: LoopConfig):
+    """Run the loop; see `bl.while_loop`. `body_and_init = (body, init)`, where `body`
+    and `cond` are closure-converted and `init` holds arrays only."""
+    body, init = body_and_init
+    return plain_sweep(body, cond, init, config.max_steps)
+
+
+@checkpointed_loop.def_fwd
+def _loop_fwd(perturbed, body_and_init, cond, config: LoopConfig):
+    del perturbed
+    body, init = body_and_init
+    final, tape = checkpointed_sweep(
+        body, cond, init, config.max_steps, config.checkpoints
+    )
+    return final, tape
+
+
+@checkpointed_loop.def_bwd
+def _loop_bwd(tape, ct_final, perturbed, body_and_init, cond, config: LoopConfig):
+    del perturbed, cond
+    body, init = body_and_init
+    ct_final = jtu.tree_map(
+        lambda ct, x: ct if ct is not None or x is None else jnp.zeros_like(x),
+        _float_part(ct_final),
+        _float_part(init),
+        is_leaf=lambda x: x is None,
+    )
+    max_length = PLANNING_HORIZON if config.max_steps is None else config.max_steps
+    ct_body, ct_init = reverse_sweep(
+        body,
+        make_step_vjp(body),
+        tape,
+        ct_final,
+        _zeros_like_floats(body),
+        config.checkpoints,
+        max(max_length, 2),
+    )
+    return ct_body, ct_init

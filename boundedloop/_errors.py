@@ -1,0 +1,144 @@
+"""Argument checks shared by the loops, with messages that name the leaf at fault."""
+
+import math
+import operator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+
+
+def check_max_steps(max_steps: Any, name: str) -> int | None:
+    """`max_steps` as a Python int (or `None`), or a clear error."""
+    if max_steps is None:
+        return None
+    if isinstance(max_steps, bool) or isinstance(max_steps, jax.core.Tracer):
+        raise TypeError(
+            f"`{name}` needs `max_steps` to be a Python int or None, got "
+            f"{max_steps!r}. It fixes the size of the loop's memory, so it cannot be "
+            "traced; pass it as a static value."
+        )
+    try:
+        value = operator.index(max_steps)
+    except TypeError:
+        raise TypeError(
+            f"`{name}` needs `max_steps` to be a non-negative int or None, got "
+            f"{max_steps!r} of type {type(max_steps).__name__}."
+        ) from None
+    if value < 0:
+        raise ValueError(
+            f"`{name}` needs `max_steps >= 0`, got {value}. Use `max_steps=None` for "
+            "a loop with no bound."
+        )
+    return value
+
+
+def check_checkpoints(checkpoints: Any, max_steps: int | None, name: str) -> int:
+    """The number of checkpoint slots to use, resolving the default."""
+    if checkpoints is None:
+        if max_steps is None:
+            raise ValueError(
+                f"`{name}` with `max_steps=None` needs `checkpoints` set explicitly: "
+                "with no bound on the trip count there is no default to derive. Pass "
+                "e.g. `checkpoints=16`."
+            )
+        return default_checkpoints(max_steps)
+    if isinstance(checkpoints, bool) or isinstance(checkpoints, jax.core.Tracer):
+        raise TypeError(
+            f"`{name}` needs `checkpoints` to be a positive Python int or None, got "
+            f"{checkpoints!r}."
+        )
+    try:
+        value = operator.index(checkpoints)
+    except TypeError:
+        raise TypeError(
+            f"`{name}` needs `checkpoints` to be a positive int or None, got "
+            f"{checkpoints!r} of type {type(checkpoints).__name__}."
+        ) from None
+    if value < 1:
+        raise ValueError(
+            f"`{name}` needs `checkpoints >= 1`, got {value}: the backward pass must "
+            "hold at least the initial carry."
+        )
+    if max_steps is not None:
+        value = min(value, max(max_steps, 1))
+    return value
+
+
+def default_checkpoints(max_steps: int) -> int:
+    """`checkpoints=None`: every step while `max_steps <= 16`, else
+    `ceil(log2(max_steps)) + 4` copies of the carry (16 at `max_steps=4096`)."""
+    if max_steps <= 16:
+        return max(max_steps, 1)
+    return min(max_steps, math.ceil(math.log2(max_steps)) + 4)
+
+
+def _describe(leaf) -> str:
+    if isinstance(leaf, jax.ShapeDtypeStruct | jax.Array | np.ndarray):
+        weak = getattr(leaf, "weak_type", False)
+        return f"{jnp.dtype(leaf.dtype).name}{list(leaf.shape)}" + (
+            " (weakly typed)" if weak else ""
+        )
+    return repr(leaf)
+
+
+def check_carry_match(init, out, name: str, what: str = "body_fun") -> None:
+    """Raise if `out` (the body's output, abstract) differs from `init` in structure,
+    shape or dtype, naming the first leaf that differs."""
+    init_paths, init_def = jtu.tree_flatten_with_path(init)
+    out_paths, out_def = jtu.tree_flatten_with_path(out)
+    if init_def != out_def:
+        raise TypeError(
+            f"`{name}`: `{what}` must return a carry with the same tree structure as "
+            f"its input, but the input carry has structure\n  {init_def}\nand the "
+            f"output has structure\n  {out_def}.\nReturn every carry component, "
+            "in the same containers."
+        )
+    for (path, a), (_, b) in zip(init_paths, out_paths):
+        where = "carry" + jtu.keystr(path)
+        a_array = _is_arraylike(a)
+        b_array = _is_arraylike(b)
+        if a_array != b_array:
+            raise TypeError(
+                f"`{name}`: the input carry component {where} is {_describe(a)} but "
+                f"`{what}` returns {_describe(b)} there; an array must stay an array "
+                "and a static (non-array) value must stay static."
+            )
+        if not a_array:
+            if a is not b and a != b:
+                raise ValueError(
+                    f"`{name}`: the carry component {where} is a static value "
+                    f"({a!r}), but `{what}` changed it to {b!r}. Static values "
+                    "cannot change inside a compiled loop; make it an array instead."
+                )
+            continue
+        if jnp.shape(a) != jnp.shape(b) or jnp.result_type(a) != jnp.result_type(b):
+            raise TypeError(
+                f"`{name}`: the input carry component {where} has type "
+                f"{_describe(a)} but the corresponding output carry component has "
+                f"type {_describe(b)}, so the carry changes across iterations. Make "
+                f"`{what}` return the same shape and dtype (e.g. with `.astype`), or "
+                "change the initial value to match."
+            )
+
+
+def check_predicate(pred, name: str, what: str = "cond_fun") -> None:
+    """Raise unless `pred` (abstract) is a scalar boolean."""
+    if not _is_arraylike(pred):
+        raise TypeError(
+            f"`{name}`: `{what}` must return a scalar boolean array, got {pred!r}."
+        )
+    if jnp.shape(pred) != () or jnp.result_type(pred) != jnp.bool_:
+        raise TypeError(
+            f"`{name}`: `{what}` must return a scalar boolean, got "
+            f"{_describe(pred)}. Reduce it, e.g. with `jnp.all(...)` or "
+            "`jnp.any(...)`, and compare rather than returning a number."
+        )
+
+
+def _is_arraylike(x) -> bool:
+    return isinstance(
+        x, jax.Array | jax.ShapeDtypeStruct | np.ndarray | np.generic
+    ) or isinstance(x, bool | int | float | complex)

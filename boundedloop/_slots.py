@@ -1,0 +1,40 @@
+"""Checkpoint storage: one stacked array per carry leaf, a row per slot.
+
+Writes are branch-free: `store` always writes a row, either the new value or the
+row's own old value, so the buffer is updated in place and never copied whole.
+"""
+
+import jax.numpy as jnp
+import jax.tree_util as jtu
+from jax import lax
+
+
+UNUSED = jnp.iinfo(jnp.int32).max  # position of a slot that holds nothing
+
+
+def empty(carry, slots: int):
+    """Storage for `slots` copies of `carry` (a pytree of arrays)."""
+    return jtu.tree_map(lambda x: jnp.zeros((slots,) + x.shape, x.dtype), carry)
+
+
+def load(storage, slot):
+    """The carry held in row `slot`."""
+    return jtu.tree_map(
+        lambda s: lax.dynamic_index_in_dim(s, slot, keepdims=False), storage
+    )
+
+
+def store(storage, slot, carry, when=True):
+    """`storage` with row `slot` set to `carry` where `when` (a scalar) is true."""
+
+    def _store(s, x):
+        if when is not True:
+            x = jnp.where(when, x, lax.dynamic_index_in_dim(s, slot, keepdims=False))
+        return lax.dynamic_update_index_in_dim(s, x.astype(s.dtype), slot, 0)
+
+    return jtu.tree_map(_store, storage, carry)
+
+
+def select(pred, on_true, on_false):
+    """Leafwise `jnp.where(pred, on_true, on_false)` for a scalar `pred`."""
+    return jtu.tree_map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
