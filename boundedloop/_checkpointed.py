@@ -23,8 +23,14 @@ class LoopConfig(eqx.Module):
     checkpoints: int = eqx.field(static=True)
 
 
+def is_float(x) -> bool:
+    """Leaves that get cotangents. Inside a custom VJP a weakly typed Python float
+    the body closed over may arrive as a bare `float`, so count those too."""
+    return eqx.is_inexact_array(x) or isinstance(x, float | complex)
+
+
 def _float_part(tree):
-    return eqx.filter(tree, eqx.is_inexact_array)
+    return eqx.filter(tree, is_float)
 
 
 def _zeros_like_floats(tree):
@@ -34,10 +40,10 @@ def _zeros_like_floats(tree):
 def make_step_vjp(body):
     """`(x, ct_x') -> (ct_body, ct_x)` for one step `x' = body(x)`, over the
     floating leaves of `body` and `x` only."""
-    diff_body, static_body = eqx.partition(body, eqx.is_inexact_array)
+    diff_body, static_body = eqx.partition(body, is_float)
 
     def step_vjp(x, ct):
-        diff_x, static_x = eqx.partition(x, eqx.is_inexact_array)
+        diff_x, static_x = eqx.partition(x, is_float)
 
         def f(db, dx):
             return _float_part(eqx.combine(db, static_body)(eqx.combine(dx, static_x)))

@@ -88,11 +88,11 @@ def checkpointed_sweep(
             slot, when = t, True
         else:
             slot, when = plan_slots[cursor], t == plan_steps[cursor]
-            cursor = cursor + when
+            cursor = cursor + when.astype(jnp.int32)
         storage = _slots.store(storage, slot, x, when)
         positions = positions.at[slot].set(jnp.where(when, t, positions[slot]))
         x = _slots.select(active, step(x), x)
-        trips = trips + active
+        trips = trips + active.astype(jnp.int32)
         active = jnp.logical_and(active, predicate(x))
         return t + 1, x, active, trips, storage, positions, cursor
 

@@ -115,10 +115,10 @@ def reverse_sweep(
         free = jnp.minimum(depth, slots - 1)
         storage = _slots.store(storage, order[free], x, push)
         order_pos = order_pos.at[free].set(jnp.where(push, i_next, order_pos[free]))
-        depth = depth + push
+        depth = depth + push.astype(jnp.int32)
         # after a reversal: drop the checkpoint if its segment is done, restore the top
-        end = end - turn
-        depth = depth - (turn & (end == order_pos[jnp.maximum(depth - 1, 0)]))
+        end = end - turn.astype(jnp.int32)
+        depth = depth - (turn & (end == order_pos[jnp.maximum(depth - 1, 0)])).astype(jnp.int32)
         top_i, top_x, top_target = top_segment(depth, order_pos, order, storage, end)
         new_target = i_next + split(end - i_next, slots - (depth - 1))
         i = jnp.where(turn, top_i, i_next)

@@ -1,0 +1,62 @@
+"""Shared references for the tests."""
+
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+from jax import lax
+
+
+def tree_allclose(x, y, *, rtol=1e-5, atol=1e-6) -> bool:
+    """Same structure and every leaf close (exactly equal for non-arrays)."""
+    if jtu.tree_structure(x) != jtu.tree_structure(y):
+        return False
+    for a, b in zip(jtu.tree_leaves(x), jtu.tree_leaves(y)):
+        if isinstance(a, jax.Array | np.ndarray) or isinstance(b, jax.Array | np.ndarray):
+            if jnp.shape(a) != jnp.shape(b) or jnp.result_type(a) != jnp.result_type(b):
+                return False
+            if not np.allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=atol):
+                return False
+        elif a != b:
+            return False
+    return True
+
+
+def tree_equal(x, y) -> bool:
+    """Bit-for-bit equality."""
+    return tree_allclose(x, y, rtol=0, atol=0)
+
+
+def scan_loop(body_fun, init, length: int):
+    """`length` steps of `body_fun` as a `lax.scan`: the reference for gradients."""
+    final, _ = lax.scan(lambda c, _: (body_fun(c), None), init, length=length)
+    return final
+
+
+def python_while(cond_fun, body_fun, init, max_steps):
+    """The semantics of `bl.while_loop` as a Python loop; returns (final, steps)."""
+    val, steps = init, 0
+    while (max_steps is None or steps < max_steps) and bool(cond_fun(val)):
+        val = body_fun(val)
+        steps += 1
+    return val, steps
+
+
+class Counter:
+    """Counts (or records) body evaluations through `jax.debug.callback`."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, value=None):
+        jax.debug.callback(self._record, 0 if value is None else value)
+
+    def _record(self, value):
+        self.calls.append(int(value))
+
+    def reset(self):
+        self.calls = []
+
+    @property
+    def count(self):
+        return len(self.calls)

@@ -1,0 +1,242 @@
+"""`bl.while_loop` against `lax.while_loop` (values) and `lax.scan` (gradients)."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import boundedloop as bl
+
+from .helpers import python_while, scan_loop, tree_allclose, tree_equal
+
+
+W = jnp.array([[0.9, -0.4, 0.3], [0.2, 0.8, -0.5], [-0.3, 0.1, 0.7]])
+
+
+def body(carry):
+    x, step, limit = carry
+    return jnp.tanh(W @ x + 0.1), step + 1, limit
+
+
+def cond(carry):
+    _, step, limit = carry
+    return step < limit
+
+
+def init(x, limit):
+    return x, jnp.array(0), jnp.asarray(limit, jnp.int32)
+
+
+X0 = jnp.array([0.3, -0.2, 0.5])
+
+
+@functools.lru_cache(maxsize=None)
+def grad_fn(max_steps, checkpoints):
+    """One compiled gradient per (max_steps, checkpoints); the trip count is traced."""
+
+    def loss(x, w, limit):
+        def _body(carry):
+            x, step, limit = carry
+            return jnp.tanh(w @ x + 0.1), step + 1, limit
+
+        out = bl.while_loop(
+            cond,
+            _body,
+            init(x, limit),
+            max_steps=max_steps,
+            checkpoints=checkpoints,
+        )
+        return jnp.sum(out[0] ** 2)
+
+    return jax.jit(jax.grad(loss, argnums=(0, 1)))
+
+
+def reference_grad(x, w, trips):
+    def loss(x, w):
+        def _body(carry):
+            x, step, limit = carry
+            return jnp.tanh(w @ x + 0.1), step + 1, limit
+
+        return jnp.sum(scan_loop(_body, init(x, 0), trips)[0] ** 2)
+
+    return jax.grad(loss, argnums=(0, 1))(x, w)
+
+
+@pytest.mark.parametrize("max_steps", [0, 1, 5, 8, 13, 40])
+@pytest.mark.parametrize("limit", [0, 1, 4, 8, 20])
+def test_forward_matches_lax(max_steps, limit):
+    out = bl.while_loop(cond, body, init(X0, limit), max_steps=max_steps)
+    trips = min(limit, max_steps)
+    expected = lax.while_loop(
+        lambda c: (c[1] < trips) & cond(c), body, init(X0, limit)
+    )
+    assert tree_equal(out, expected)
+    assert int(out[1]) == trips
+    expected_py, steps = python_while(cond, body, init(X0, limit), max_steps)
+    assert steps == trips
+    assert tree_allclose(out, expected_py)
+
+
+def test_forward_matches_lax_under_jit():
+    f = jax.jit(lambda x: bl.while_loop(cond, body, init(x, 7), max_steps=100))
+    expected = lax.while_loop(cond, body, init(X0, 7))
+    assert tree_equal(f(X0), expected)
+
+
+@pytest.mark.parametrize("checkpoints", [1, 2, 3, 8, None])
+@pytest.mark.parametrize("max_steps", [3, 8, 13, 30])
+def test_gradient_matches_scan(checkpoints, max_steps):
+    f = grad_fn(max_steps, checkpoints)
+    for limit in [0, 1, 2, 3, 5, 8, 9, 13, 20]:
+        trips = min(limit, max_steps)
+        got = f(X0, W, limit)
+        expected = reference_grad(X0, W, trips)
+        assert tree_allclose(got, expected), (limit, got, expected)
+
+
+@pytest.mark.parametrize("checkpoints", [1, 3, None])
+def test_gradient_unbounded(checkpoints):
+    if checkpoints is None:
+        with pytest.raises(ValueError, match="checkpoints"):
+            bl.while_loop(cond, body, init(X0, 3), max_steps=None)
+        return
+    f = grad_fn(None, checkpoints)
+    for limit in [0, 1, 7, 30]:
+        assert tree_allclose(f(X0, W, limit), reference_grad(X0, W, limit))
+
+
+def test_vmap_per_element_trip_counts():
+    limits = jnp.array([0, 3, 11, 6, 1])
+    xs = jnp.stack([X0 * s for s in [1.0, -0.5, 0.3, 2.0, 0.7]])
+    for checkpoints in [1, 3, 16]:
+        f = grad_fn(16, checkpoints)
+        got = jax.vmap(f, in_axes=(0, None, 0))(xs, W, limits)
+        for b in range(len(limits)):
+            expected = reference_grad(xs[b], W, int(limits[b]))
+            assert tree_allclose(got[0][b], expected[0])
+            assert tree_allclose(got[1][b], expected[1])
+
+
+def test_vmap_forward_matches_lax():
+    limits = jnp.array([0, 3, 11, 6])
+    xs = jnp.stack([X0 * s for s in [1.0, -0.5, 0.3, 2.0]])
+
+    def ours(x, limit):
+        return bl.while_loop(cond, body, init(x, limit), max_steps=8)
+
+    def theirs(x, limit):
+        return lax.while_loop(
+            lambda c: (c[1] < 8) & cond(c), body, init(x, limit)
+        )
+
+    assert tree_equal(jax.vmap(ours)(xs, limits), jax.vmap(theirs)(xs, limits))
+
+
+def test_vmap_schedule_is_not_batched():
+    """The step counter and checkpoint bookkeeping stay unbatched under vmap."""
+
+    def loss(x):
+        out = bl.while_loop(
+            lambda x: x[0] < 5.0, lambda x: x + 1.0, x, max_steps=64, checkpoints=4
+        )
+        return jnp.sum(out**2)
+
+    xs = jnp.stack([X0, X0 - 3.0])
+    text = str(jax.make_jaxpr(jax.vmap(jax.grad(loss)))(xs))
+    # the only integers are the shared counters/positions (i32[] and i32[4]) and
+    # the per-element trip counts (i32[2]); nothing of shape i32[2,4]
+    assert "i32[4]" in text and "i32[2]" in text
+    assert "i32[2,4]" not in text
+    got = jax.vmap(jax.grad(loss))(xs)
+    expected = jnp.stack([jax.grad(lambda x: jnp.sum((x + 5.0) ** 2))(X0),
+                          jax.grad(lambda x: jnp.sum((x + 8.0) ** 2))(X0 - 3.0)])
+    assert tree_allclose(got, expected)
+
+
+def test_gradient_wrt_closed_over_and_python_float():
+    def loss(scale, x):
+        def _body(c):
+            x, i = c
+            return jnp.sin(x) * scale, i + 1
+
+        out = bl.while_loop(lambda c: c[1] < 6, _body, (x, 0), max_steps=50, checkpoints=2)
+        return jnp.sum(out[0])
+
+    def ref(scale, x):
+        return jnp.sum(scan_loop(lambda c: (jnp.sin(c[0]) * scale, c[1] + 1), (x, 0), 6)[0])
+
+    for scale in [1.2, jnp.array(1.2)]:
+        got = jax.grad(loss, argnums=(0, 1))(scale, X0)
+        assert tree_allclose(got, jax.grad(ref, argnums=(0, 1))(scale, X0))
+
+
+def test_integer_bool_none_and_static_leaves():
+    def _body(c):
+        return {
+            "x": c["x"] * 1.5,
+            "i": c["i"] + 1,
+            "flag": ~c["flag"],
+            "nothing": None,
+            "name": c["name"],
+        }
+
+    def loss(x):
+        carry = {"x": x, "i": 0, "flag": jnp.array(True), "nothing": None, "name": "a"}
+        out = bl.while_loop(lambda c: c["i"] < 4, _body, carry, max_steps=9)
+        assert out["name"] == "a" and out["nothing"] is None
+        return jnp.sum(out["x"]), out
+
+    (value, out), grad = jax.value_and_grad(loss, has_aux=True)(X0)
+    assert tree_allclose(grad, jnp.full(3, 1.5**4))
+    assert int(out["i"]) == 4 and bool(out["flag"])
+
+
+def test_steps_past_the_end_do_not_poison_gradients():
+    def _body(c):
+        x, i, n = c
+        # finite for the steps taken, NaN/inf for any step past the natural end
+        return jnp.where(i >= n, jnp.nan, jnp.log(x) * 2.0), i + 1, n
+
+    def loss(x, n):
+        out = bl.while_loop(lambda c: c[1] < c[2], _body, (x, 0, n), max_steps=10, checkpoints=3)
+        return out[0]
+
+    ref = jax.grad(lambda x: scan_loop(lambda c: (jnp.log(c[0]) * 2.0, c[1] + 1, c[2]), (x, 0, 0), 2)[0])
+    xs, ns = jnp.array([3.0, 4.0, 5.0]), jnp.array([2, 2, 2])
+    got = jax.vmap(jax.grad(loss))(xs, ns)
+    assert np.all(np.isfinite(got))
+    assert tree_allclose(got, jax.vmap(ref)(xs))
+    ns = jnp.array([1, 3, 2])
+    got = jax.vmap(jax.grad(loss))(xs, ns)
+    assert np.all(np.isfinite(got))
+
+
+def test_value_and_grad_and_jacrev():
+    def f(x):
+        return bl.while_loop(cond, body, init(x, 5), max_steps=10, checkpoints=2)[0]
+
+    def g(x):
+        return scan_loop(body, init(x, 5), 5)[0]
+
+    assert tree_allclose(jax.jacrev(f)(X0), jax.jacrev(g)(X0))
+    v1, g1 = jax.value_and_grad(lambda x: jnp.sum(f(x)))(X0)
+    v2, g2 = jax.value_and_grad(lambda x: jnp.sum(g(x)))(X0)
+    assert tree_allclose((v1, g1), (v2, g2))
+
+
+def test_nested_loop_gradient():
+    def inner(x):
+        return bl.while_loop(lambda c: c[1] < 3, lambda c: (jnp.sin(c[0]) + 0.5, c[1] + 1), (x, 0), max_steps=5, checkpoints=2)[0]
+
+    def outer(x):
+        return bl.while_loop(lambda c: c[1] < 4, lambda c: (inner(c[0]) * 0.9, c[1] + 1), (x, 0), max_steps=7, checkpoints=2)[0]
+
+    def ref(x):
+        inner_ref = lambda x: scan_loop(lambda c: (jnp.sin(c[0]) + 0.5, c[1] + 1), (x, 0), 3)[0]
+        return scan_loop(lambda c: (inner_ref(c[0]) * 0.9, c[1] + 1), (x, 0), 4)[0]
+
+    got = jax.grad(lambda x: jnp.sum(outer(x)))(X0)
+    assert tree_allclose(got, jax.grad(lambda x: jnp.sum(ref(x)))(X0))
