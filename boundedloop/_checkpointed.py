@@ -82,7 +82,6 @@ def _loop_bwd(tape, ct_final, perturbed, body_and_init, cond, config: LoopConfig
         _float_part(init),
         is_leaf=lambda x: x is None,
     )
-    max_length = PLANNING_HORIZON if config.max_steps is None else config.max_steps
     ct_body, ct_init = reverse_sweep(
         body,
         make_step_vjp(body),
@@ -90,6 +89,6 @@ def _loop_bwd(tape, ct_final, perturbed, body_and_init, cond, config: LoopConfig
         ct_final,
         _zeros_like_floats(body),
         config.checkpoints,
-        max(max_length, 2),
+        PLANNING_HORIZON,
     )
     return ct_body, ct_init

@@ -20,9 +20,10 @@ from ._schedule import online_actions
 from ._unbatched import any_across_batch
 
 
-# With `max_steps=None` the forward placement is planned this far ahead; past it
-# nothing more is stored (still correct, but reversing the tail costs more).
-PLANNING_HORIZON = 2**16
+# The forward placement is planned this many steps ahead, whatever `max_steps` is, so
+# that the compiled program is the same for every `max_steps`. Past it nothing more
+# is stored: still correct, but reversing the tail then costs more.
+PLANNING_HORIZON = 2**14
 
 
 def _within(step, max_steps):
@@ -58,8 +59,7 @@ def store_plan(slots: int, max_steps: int | None) -> tuple[np.ndarray, np.ndarra
     sentinel last; `None` when every step is stored (`slots >= max_steps`)."""
     if max_steps is not None and slots >= max_steps:
         return None
-    horizon = PLANNING_HORIZON if max_steps is None else max_steps
-    steps, slot_ids = online_actions(slots, horizon)
+    steps, slot_ids = online_actions(slots, PLANNING_HORIZON)
     steps = np.concatenate([[0], steps, [np.iinfo(np.int32).max]]).astype(np.int32)
     slot_ids = np.concatenate([[0], slot_ids, [0]]).astype(np.int32)
     return steps, slot_ids

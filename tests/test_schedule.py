@@ -1,0 +1,101 @@
+"""The checkpoint schedule, in pure Python: exhaustive checks on small cases."""
+
+import functools
+import math
+
+import numpy as np
+import pytest
+
+from boundedloop._schedule import (
+    forward_placement,
+    gradient_body_evaluations,
+    online_actions,
+    optimal_placement_costs,
+    placement_cost,
+    reverse_events,
+    revolve_cost,
+    revolve_split,
+)
+
+
+@functools.lru_cache(maxsize=None)
+def brute_force_cost(length, slots):
+    """Fewest extra evaluations to reverse `length` steps from a stored start."""
+    if length <= 1:
+        return 0
+    if slots <= 0:
+        return math.inf
+    return min(
+        m + brute_force_cost(length - m, slots - 1) + brute_force_cost(m, slots)
+        for m in range(1, length)
+    )
+
+
+@pytest.mark.parametrize("slots", range(1, 7))
+def test_revolve_cost_is_the_optimum(slots):
+    for length in range(1, 120):
+        assert revolve_cost(length, slots) == brute_force_cost(length, slots)
+
+
+@pytest.mark.parametrize("slots", range(1, 7))
+def test_revolve_split_attains_the_optimum(slots):
+    for length in range(2, 120):
+        m = revolve_split(length, slots)
+        assert 1 <= m <= length - 1
+        cost = m + brute_force_cost(length - m, slots - 1) + brute_force_cost(m, slots)
+        assert cost == revolve_cost(length, slots)
+
+
+def check_events(events, positions, n, slots):
+    """Each step reversed once, last to first; advances only from held states; the
+    number of advances is the placement's cost; never more than `slots` held."""
+    reversed_steps = [i for kind, i in events if kind == "reverse"]
+    assert reversed_steps == list(range(n - 1, -1, -1))
+    advances = sum(kind == "advance" for kind, _ in events)
+    assert advances == placement_cost(positions, n, slots)
+
+
+@pytest.mark.parametrize("slots", [1, 2, 3, 4, 5, 8])
+def test_reverse_events_exhaustive(slots):
+    for n in range(0, 60):
+        positions = forward_placement(n, slots)
+        assert len(positions) <= slots and positions[0] == 0
+        assert all(p < max(n, 1) for p in positions)
+        check_events(reverse_events(positions, n, slots), positions, n, slots)
+
+
+def test_reverse_events_live_checkpoints_bounded():
+    # the simulator asserts the bound itself; exercise odd placements too
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        slots = int(rng.integers(1, 7))
+        n = int(rng.integers(1, 80))
+        k = int(rng.integers(1, slots + 1))
+        positions = sorted({0, *rng.integers(0, n, size=k - 1).tolist()})
+        check_events(reverse_events(positions, n, slots), positions, n, slots)
+
+
+@pytest.mark.parametrize("slots", [1, 2, 3, 6, 16])
+def test_online_actions_are_consistent(slots):
+    steps, slot_ids = online_actions(slots, 3000)
+    assert np.all(np.diff(steps) > 0)
+    assert np.all((slot_ids >= 1) & (slot_ids < slots))
+    # prefixes of a longer plan agree with shorter plans (online: no lookahead)
+    short_steps, short_ids = online_actions(slots, 700)
+    k = len(short_steps)
+    assert np.array_equal(steps[:k], short_steps) and np.array_equal(slot_ids[:k], short_ids)
+
+
+def test_store_every_step_when_enough_slots():
+    for n in range(1, 10):
+        assert forward_placement(n, 10) == list(range(n))
+        assert gradient_body_evaluations(n, 10) == 2 * n
+
+
+@pytest.mark.parametrize("slots", [2, 4, 8, 16])
+def test_online_placement_near_optimal(slots):
+    best = optimal_placement_costs(1000, slots)
+    for n in [10, 100, 1000]:
+        ours = gradient_body_evaluations(n, slots)
+        optimum = 2 * n + best[n]
+        assert ours <= 1.10 * optimum, (n, slots, ours, optimum)

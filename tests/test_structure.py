@@ -1,0 +1,84 @@
+"""Exact structural facts: body evaluations, recomputation order, program size."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import boundedloop as bl
+from boundedloop._schedule import (
+    forward_placement,
+    gradient_body_evaluations,
+    reverse_events,
+)
+
+from .helpers import Counter
+
+
+def recorded_gradient(n, max_steps, checkpoints):
+    """Run one gradient of an `n`-step loop, recording the step index of every body
+    evaluation in order."""
+    counter = Counter()
+
+    def body(carry):
+        x, i = carry
+        counter(i)
+        return jnp.sin(x) * 1.1, i + 1
+
+    def loss(x):
+        out = bl.while_loop(
+            lambda c: c[1] < n, body, (x, 0), max_steps=max_steps, checkpoints=checkpoints
+        )
+        return out[0]
+
+    jax.block_until_ready(jax.jit(jax.grad(loss))(0.4))
+    return counter.calls
+
+
+@pytest.mark.parametrize("max_steps", [8, 64, 4096])
+def test_eight_steps_cost_sixteen_evaluations(max_steps):
+    for checkpoints in [8, 16]:
+        assert len(recorded_gradient(8, max_steps, checkpoints)) == 16
+
+
+def test_evaluations_do_not_depend_on_max_steps():
+    for checkpoints in [2, 3]:
+        counts = {len(recorded_gradient(8, m, checkpoints)) for m in [64, 4096]}
+        assert len(counts) == 1
+
+
+@pytest.mark.parametrize("n,checkpoints", [(1, 1), (5, 1), (7, 2), (20, 3), (45, 4), (100, 5)])
+def test_recomputation_order_matches_the_schedule(n, checkpoints):
+    calls = recorded_gradient(n, 200, checkpoints)
+    positions = forward_placement(n, checkpoints)
+    expected = list(range(n)) + [i for _, i in reverse_events(positions, n, checkpoints)]
+    assert calls == expected
+    assert len(calls) == gradient_body_evaluations(n, checkpoints)
+
+
+def _grad_program(max_steps, checkpoints):
+    def loss(x):
+        return bl.while_loop(
+            lambda c: c[1] < 8,
+            lambda c: (jnp.tanh(c[0] * 1.3), c[1] + 1),
+            (x, 0),
+            max_steps=max_steps,
+            checkpoints=checkpoints,
+        )[0].sum()
+
+    return jax.jit(jax.grad(loss)), jnp.ones(64)
+
+
+def test_jaxpr_does_not_grow_with_max_steps():
+    sizes = set()
+    for max_steps in [64, 4096, 1_000_000]:
+        f, x = _grad_program(max_steps, 8)
+        sizes.add(len(str(jax.make_jaxpr(f)(x)).splitlines()))
+    assert len(sizes) == 1
+
+
+def test_compiled_memory_does_not_depend_on_max_steps():
+    temps = set()
+    for max_steps in [64, 4096, 1_000_000]:
+        f, x = _grad_program(max_steps, 8)
+        temps.add(f.lower(x).compile().memory_analysis().temp_size_in_bytes)
+    assert len(temps) == 1
