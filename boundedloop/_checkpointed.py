@@ -33,14 +33,15 @@ def _float_part(tree):
     return eqx.filter(tree, is_float)
 
 
-def _zeros_like_floats(tree):
-    return jtu.tree_map(jnp.zeros_like, _float_part(tree))
+def make_step_vjp(body, wanted):
+    """`(x, ct_x') -> (ct_body, ct_x)` for one step `x' = body(x)`.
 
-
-def make_step_vjp(body):
-    """`(x, ct_x') -> (ct_body, ct_x)` for one step `x' = body(x)`, over the
-    floating leaves of `body` and `x` only."""
-    diff_body, static_body = eqx.partition(body, is_float)
+    `ct_body` covers the leaves of `body` where `wanted` (a pytree of bools shaped
+    like `body`) is true; `ct_x` covers the floating leaves of `x`. Leaving the
+    others out matters: a weight matrix nobody asked about would otherwise get a
+    full-size cotangent accumulated every step.
+    """
+    diff_body, static_body = eqx.partition(body, wanted)
 
     def step_vjp(x, ct):
         diff_x, static_x = eqx.partition(x, is_float)
@@ -51,7 +52,7 @@ def make_step_vjp(body):
         _, pullback = jax.vjp(f, diff_body, diff_x)
         return pullback(ct)
 
-    return step_vjp
+    return step_vjp, jtu.tree_map(jnp.zeros_like, diff_body)
 
 
 @eqx.filter_custom_vjp
@@ -74,8 +75,11 @@ def _loop_fwd(perturbed, body_and_init, cond, config: LoopConfig):
 
 @checkpointed_loop.def_bwd
 def _loop_bwd(tape, ct_final, perturbed, body_and_init, cond, config: LoopConfig):
-    del perturbed, cond
+    del cond
     body, init = body_and_init
+    body_perturbed, _ = perturbed
+    wanted = jtu.tree_map(lambda p, x: p and is_float(x), body_perturbed, body)
+    step_vjp, ct_body_zero = make_step_vjp(body, wanted)
     ct_final = jtu.tree_map(
         lambda ct, x: ct if ct is not None or x is None else jnp.zeros_like(x),
         _float_part(ct_final),
@@ -84,10 +88,10 @@ def _loop_bwd(tape, ct_final, perturbed, body_and_init, cond, config: LoopConfig
     )
     ct_body, ct_init = reverse_sweep(
         body,
-        make_step_vjp(body),
+        step_vjp,
         tape,
         ct_final,
-        _zeros_like_floats(body),
+        ct_body_zero,
         config.checkpoints,
         PLANNING_HORIZON,
     )

@@ -1,0 +1,99 @@
+"""Shared pieces of the benchmarks: the loops we compare and how we time them."""
+
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+def nested_scan_loop(cond_fun, body_fun, init, max_steps, base=2):
+    """The common workaround: nested `lax.scan` + `lax.cond`, bounded by `max_steps`
+    (a power of `base`). Forward costs the steps taken; its gradient costs
+    `max_steps`."""
+    depth = 0
+    while base**depth < max_steps:
+        depth += 1
+    if base**depth != max_steps:
+        raise ValueError("the nested scan loop needs max_steps to be a power of base")
+
+    def run(level, val):
+        if level == 0:
+            return lax.cond(cond_fun(val), body_fun, lambda v: v, val)
+
+        def step(v, _):
+            return lax.cond(cond_fun(v), lambda v: run(level - 1, v), lambda v: v, v), None
+
+        return lax.scan(step, val, length=base)[0]
+
+    return run(depth, init)
+
+
+def fori_cond_loop(cond_fun, body_fun, init, max_steps):
+    """`fori_loop` over `max_steps` with a `lax.cond` skipping finished steps."""
+    return lax.fori_loop(
+        0,
+        max_steps,
+        lambda _, v: lax.cond(cond_fun(v), body_fun, lambda v: v, v),
+        init,
+    )
+
+
+def median_time(fn, *args, reps: int = 7, min_time: float = 0.5):
+    """Median wall time of `fn(*args)` (already compiled): at least `reps` runs and
+    `min_time` seconds, fewer for calls slower than a second."""
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    if time.perf_counter() - t0 > 1.0:
+        reps, min_time = 2, 0.0
+    times = []
+    start = time.perf_counter()
+    while len(times) < reps or time.perf_counter() - start < min_time:
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+        if len(times) >= 200:
+            break
+    return statistics.median(times)
+
+
+def compile_time(fn, *args):
+    """Seconds to trace, lower and compile `jax.jit(fn)` for `args`, and the compiled
+    executable."""
+    t0 = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile()
+    return time.perf_counter() - t0, compiled
+
+
+def temp_bytes(compiled) -> int:
+    return int(compiled.memory_analysis().temp_size_in_bytes)
+
+
+class EvalCounter:
+    """Counts body evaluations through `jax.debug.callback`."""
+
+    def __init__(self):
+        self.count = 0
+
+    def __call__(self, value):
+        # pass a loop-carried value so the callback cannot be hoisted out of a loop
+        jax.debug.callback(self._tick, value)
+
+    def _tick(self, value):
+        self.count += 1
+
+
+def mlp_weights(width=1024, seed=0):
+    k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
+    scale = 1.0 / jnp.sqrt(width)
+    return (
+        jax.random.normal(k1, (width, 1)),
+        jax.random.normal(k2, (width, width)) * scale,
+        jax.random.normal(k3, (1, width)) * scale,
+    )
+
+
+def mlp(weights, x):
+    w1, w2, w3 = weights
+    return w3 @ jnp.tanh(w2 @ jnp.tanh(w1 @ x))

@@ -1,0 +1,191 @@
+"""The foundation benchmark: the adaptive-MLP workload, 8 steps taken, at max_steps
+8 .. 4096, for every loop side by side in one process.
+
+    python benchmarks/while_loop.py [--quick] [--out benchmarks/results/while_loop.json]
+
+Prints markdown tables of ratios (taken within this one run) and writes JSON.
+"""
+
+import argparse
+import json
+import pathlib
+import platform
+
+import equinox.internal as eqxi
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+import boundedloop as bl
+
+from _common import (
+    EvalCounter,
+    compile_time,
+    fori_cond_loop,
+    median_time,
+    mlp,
+    mlp_weights,
+    nested_scan_loop,
+    temp_bytes,
+)
+
+
+TRIPS = 8
+
+
+def loop_fn(kind, max_steps, checkpoints):
+    """`(cond, body, init) -> final` for each implementation."""
+    if kind == "boundedloop":
+        return lambda c, b, i: bl.while_loop(c, b, i, max_steps=max_steps, checkpoints=checkpoints)
+    if kind == "boundedloop (default checkpoints)":
+        return lambda c, b, i: bl.while_loop(c, b, i, max_steps=max_steps)
+    if kind == "equinox checkpointed":
+        return lambda c, b, i: eqxi.while_loop(
+            c, b, i, max_steps=max_steps, kind="checkpointed", checkpoints=checkpoints
+        )
+    if kind == "equinox bounded":
+        return lambda c, b, i: eqxi.while_loop(c, b, i, max_steps=max_steps, kind="bounded")
+    if kind == "nested scan+cond":
+        return lambda c, b, i: nested_scan_loop(c, b, i, max_steps)
+    if kind == "fori_loop+cond":
+        return lambda c, b, i: fori_cond_loop(c, b, i, max_steps)
+    if kind == "lax.scan (ideal)":
+        return lambda c, b, i: lax.scan(lambda v, _: (b(v), None), i, length=TRIPS)[0]
+    if kind == "lax.while_loop":
+        return lambda c, b, i: lax.while_loop(c, b, i)
+    raise ValueError(kind)
+
+
+def make(kind, max_steps, checkpoints, counter=None):
+    run = loop_fn(kind, max_steps, checkpoints)
+
+    def forward(w, x):
+        def body(carry):
+            x, step = carry
+            if counter is not None:
+                counter(step)
+            return mlp(w, x), step + 1
+
+        return jnp.sum(run(lambda c: c[1] < TRIPS, body, (x, jnp.array(0)))[0])
+
+    return forward, jax.grad(forward, argnums=1), jax.grad(forward, argnums=0)
+
+
+def measure(kind, max_steps, checkpoints, weights, x, quick, forward_only=False):
+    reps = 2 if quick else 7
+    forward, grad_x, grad_w = make(kind, max_steps, checkpoints)
+    row = {"kind": kind, "max_steps": max_steps}
+    _, compiled_fwd = compile_time(forward, weights, x)
+    row["forward_s"] = median_time(compiled_fwd, weights, x, reps=reps)
+    if forward_only:
+        return row
+    ct, compiled = compile_time(grad_x, weights, x)
+    row["grad_compile_s"] = ct
+    row["grad_x_s"] = median_time(compiled, weights, x, reps=reps)
+    row["grad_temp_bytes"] = temp_bytes(compiled)
+    _, compiled_w = compile_time(grad_w, weights, x)
+    row["grad_w_s"] = median_time(compiled_w, weights, x, reps=reps)
+    counter = EvalCounter()
+    _, counted, _ = make(kind, max_steps, checkpoints, counter)
+    counted = jax.jit(counted)
+    jax.block_until_ready(counted(weights, x))
+    counter.count = 0
+    jax.block_until_ready(counted(weights, x))
+    row["body_evals_per_grad"] = counter.count
+    return row
+
+
+def table(rows, columns, header):
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        lines.append("| " + " | ".join(str(r[c]) for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="fewer max_steps and reps")
+    parser.add_argument("--checkpoints", type=int, default=8)
+    parser.add_argument("--out", default="benchmarks/results/while_loop.json")
+    args = parser.parse_args()
+    max_steps_list = [8, 64] if args.quick else [8, 64, 256, 1024, 4096]
+    kinds = [
+        "boundedloop",
+        "boundedloop (default checkpoints)",
+        "equinox checkpointed",
+        "equinox bounded",
+        "nested scan+cond",
+        "fori_loop+cond",
+    ]
+    weights = mlp_weights()
+    x = jnp.array([0.5])
+    ideal = measure("lax.scan (ideal)", TRIPS, None, weights, x, args.quick)
+    plain = measure("lax.while_loop", None, None, weights, x, args.quick, forward_only=True)
+    rows = []
+    for kind in kinds:
+        for m in max_steps_list:
+            row = measure(kind, m, args.checkpoints, weights, x, args.quick)
+            rows.append(row)
+            print(kind, m, {k: v for k, v in row.items() if k not in ("kind", "max_steps")}, flush=True)
+    summary = []
+    for kind in kinds:
+        mine = [r for r in rows if r["kind"] == kind]
+        first, last = mine[0], mine[-1]
+        summary.append(
+            {
+                "kind": kind,
+                "grad_last_over_first": round(last["grad_x_s"] / first["grad_x_s"], 3),
+                "grad_over_ideal_first": round(first["grad_x_s"] / ideal["grad_x_s"], 3),
+                "grad_over_ideal_last": round(last["grad_x_s"] / ideal["grad_x_s"], 3),
+                "gradw_over_ideal_last": round(last["grad_w_s"] / ideal["grad_w_s"], 3),
+                "forward_over_while_last": round(last["forward_s"] / plain["forward_s"], 3),
+                "compile_last_over_first": round(last["grad_compile_s"] / first["grad_compile_s"], 3),
+                "temp_bytes": " / ".join(str(r["grad_temp_bytes"]) for r in mine),
+                "evals": " / ".join(str(r["body_evals_per_grad"]) for r in mine),
+            }
+        )
+    lo, hi = max_steps_list[0], max_steps_list[-1]
+    print()
+    print(f"Adaptive MLP, {TRIPS} steps taken, checkpoints={args.checkpoints}; "
+          f"ratios within this run; 'last' is max_steps={hi}, 'first' is {lo}.")
+    print()
+    print(
+        table(
+            summary,
+            list(summary[0].keys()),
+            [
+                "loop",
+                f"grad {hi}/{lo}",
+                f"grad/ideal @{lo}",
+                f"grad/ideal @{hi}",
+                f"grad_w/ideal @{hi}",
+                f"fwd/lax.while @{hi}",
+                f"compile {hi}/{lo}",
+                f"temp bytes ({', '.join(map(str, max_steps_list))})",
+                "body evals per grad",
+            ],
+        )
+    )
+    print()
+    print(f"ideal lax.scan: grad {ideal['grad_x_s']*1e3:.2f} ms, evals {ideal['body_evals_per_grad']}; "
+          f"lax.while_loop forward {plain['forward_s']*1e3:.2f} ms")
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        json.dumps(
+            {
+                "machine": platform.platform(),
+                "devices": [str(d) for d in jax.devices()],
+                "checkpoints": args.checkpoints,
+                "ideal": ideal,
+                "lax_while_loop": plain,
+                "rows": rows,
+                "summary": summary,
+            },
+            indent=1,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
