@@ -1,0 +1,174 @@
+"""`LoopModule` and `Loop`: loops as Equinox modules.
+
+A module's array fields are traced (and differentiated through `run`); everything
+else is static. So a library can take a user's loop body as a module, or wrap plain
+functions and `jax.tree_util.Partial` objects with `Loop`, and the whole call jits
+with `bl.filter_jit` without anyone choosing static arguments.
+"""
+
+import abc
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+import equinox as eqx
+import jax.numpy as jnp
+from jaxtyping import Array, Bool
+
+from ._while_loop import while_loop
+
+
+Carry = TypeVar("Carry")
+
+
+class LoopModule(eqx.Module, Generic[Carry]):
+    """A bounded loop whose step is a method of an Equinox module.
+
+    Subclass it and implement `body` (and optionally `cond` and `buffers`). Fields
+    hold parameters: array fields are traced and receive gradients through `run`;
+    other fields (ints, strings, callables) are static.
+
+    ```python
+    class Newton(bl.LoopModule):
+        target: jax.Array
+        tol: float = 1e-6
+
+        def cond(self, carry):
+            x, fx = carry
+            return jnp.abs(fx) > self.tol
+
+        def body(self, carry):
+            x, _ = carry
+            x = x - (x**2 - self.target) / (2 * x)
+            return x, x**2 - self.target
+
+    x, _ = Newton(jnp.array(2.0)).run((1.0, 1.0), max_steps=50)
+    ```
+    """
+
+    def cond(self, carry: Carry) -> Bool[Array, ""]:
+        """Whether to take another step. Default: always (the loop runs `max_steps`).
+
+        **Arguments:**
+
+        - `carry`: the current carry.
+
+        **Returns:**
+
+        A scalar boolean.
+        """
+        del carry
+        return jnp.array(True)
+
+    @abc.abstractmethod
+    def body(self, carry: Carry) -> Carry:
+        """One step. Must be implemented by every subclass.
+
+        **Arguments:**
+
+        - `carry`: the current carry.
+
+        **Returns:**
+
+        The next carry, with the same structure, shapes and dtypes.
+        """
+
+    def buffers(self, carry: Carry) -> Any:
+        """The carry's in-place buffers (see `bl.while_loop`). Default: none.
+
+        **Arguments:**
+
+        - `carry`: the carry.
+
+        **Returns:**
+
+        A node or sequence of nodes of `carry`, or `None`.
+        """
+        del carry
+        return None
+
+    def run(
+        self, init: Carry, *, max_steps: int | None, checkpoints: int | None = None
+    ) -> Carry:
+        """Run the checkpointed bounded loop from `init`: `bl.while_loop(self.cond,
+        self.body, init, ...)`, differentiable with respect to `init` and to the
+        module's array fields.
+
+        **Arguments:**
+
+        - `init`: the initial carry.
+        - `max_steps`: the most steps to take, or `None` for no bound.
+        - `checkpoints`: carry copies the backward pass may hold; see
+            `bl.while_loop`.
+
+        **Returns:**
+
+        The final carry.
+        """
+        buffers = None if type(self).buffers is LoopModule.buffers else self.buffers
+        return while_loop(
+            self.cond,
+            self.body,
+            init,
+            max_steps=max_steps,
+            checkpoints=checkpoints,
+            buffers=buffers,
+        )
+
+
+class Loop(LoopModule):
+    """A `LoopModule` made of plain callables.
+
+    `cond_fun` and `body_fun` may be functions, closures, bound methods of Equinox
+    modules or `jax.tree_util.Partial` objects. Arrays inside a `Partial` (or a
+    module) are leaves of the `Loop`, so they are traced and differentiated; plain
+    functions and closures are static.
+
+    **Arguments:**
+
+    - `cond_fun`: `carry -> bool`.
+    - `body_fun`: `carry -> carry`.
+    - `buffers`: optional, `carry -> node or sequence of nodes`; see
+        `bl.while_loop`.
+
+    !!! warning
+
+        Arrays a plain closure captures are constants to `bl.filter_jit` and get no
+        gradient from `bl.filter_grad(loop)`; pass them through a `Partial` or a
+        module field instead.
+    """
+
+    cond_fun: Callable
+    body_fun: Callable
+    buffers_fun: Callable | None = None
+
+    def __init__(
+        self,
+        cond_fun: Callable,
+        body_fun: Callable,
+        *,
+        buffers: Callable | None = None,
+    ):
+        for name, fn in [("cond_fun", cond_fun), ("body_fun", body_fun)]:
+            if not callable(fn):
+                raise TypeError(f"`bl.Loop` needs `{name}` to be callable, got {fn!r}.")
+        if buffers is not None and not callable(buffers):
+            raise TypeError(f"`bl.Loop` needs `buffers` to be callable, got {buffers!r}.")
+        self.cond_fun = cond_fun
+        self.body_fun = body_fun
+        self.buffers_fun = buffers
+
+    def cond(self, carry):
+        return self.cond_fun(carry)
+
+    def body(self, carry):
+        return self.body_fun(carry)
+
+    def run(self, init, *, max_steps, checkpoints=None):
+        return while_loop(
+            self.cond_fun,
+            self.body_fun,
+            init,
+            max_steps=max_steps,
+            checkpoints=checkpoints,
+            buffers=self.buffers_fun,
+        )

@@ -1,0 +1,167 @@
+"""`LoopModule`, `Loop` and the filtered transforms."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import pytest
+
+import boundedloop as bl
+
+from .helpers import scan_loop, tree_allclose
+
+
+class Decay(bl.LoopModule):
+    rate: jax.Array
+    offset: jax.Array
+    steps: int
+    label: str
+    activation: object
+
+    def cond(self, carry):
+        return carry[1] < self.steps
+
+    def body(self, carry):
+        x, i = carry
+        return self.activation(x * self.rate + self.offset), i + 1
+
+
+def make_decay(steps=5, activation=jnp.tanh):
+    return Decay(jnp.array([0.9, 1.1]), jnp.array(0.1), steps, "decay", activation)
+
+
+def reference(module, x, trips):
+    return scan_loop(module.body, (x, 0), trips)[0]
+
+
+X = jnp.array([0.4, -0.3])
+
+
+def test_missing_body_is_an_error_at_construction():
+    class NoBody(bl.LoopModule):
+        scale: float
+
+    with pytest.raises(TypeError, match="body"):
+        NoBody(1.0)
+
+
+def test_filtered_transforms_are_equinox():
+    assert bl.filter_jit is eqx.filter_jit
+    assert bl.filter_grad is eqx.filter_grad
+    assert bl.filter_value_and_grad is eqx.filter_value_and_grad
+    assert bl.filter_vmap is eqx.filter_vmap
+
+
+def test_mixed_fields_under_filter_jit_and_retracing():
+    @bl.filter_jit
+    @eqx.debug.assert_max_traces(max_traces=2)
+    def run(module, x):
+        return module.run((x, 0), max_steps=16, checkpoints=3)[0]
+
+    module = make_decay()
+    out = run(module, X)
+    assert tree_allclose(out, reference(module, X, 5))
+    # new array values: no retrace
+    module2 = eqx.tree_at(lambda m: m.rate, module, jnp.array([0.5, 0.7]))
+    assert tree_allclose(run(module2, X), reference(module2, X, 5))
+    # a static field changes: exactly one more trace
+    module3 = make_decay(steps=7)
+    assert tree_allclose(run(module3, X), reference(module3, X, 7))
+    with pytest.raises(RuntimeError):
+        run(make_decay(activation=jnp.sin), X)
+
+
+@pytest.mark.parametrize("checkpoints", [1, 2, 8])
+def test_gradients_wrt_fields_match_scan(checkpoints):
+    module = make_decay()
+
+    @bl.filter_jit
+    @bl.filter_grad
+    def grad(module, x):
+        return jnp.sum(module.run((x, 0), max_steps=9, checkpoints=checkpoints)[0])
+
+    @eqx.filter_grad
+    def grad_ref(module, x):
+        return jnp.sum(reference(module, x, 5))
+
+    assert tree_allclose(grad(module, X), grad_ref(module, X))
+
+
+def test_vmap_over_modules():
+    rates = jnp.array([[0.9, 1.1], [0.5, 0.2], [1.3, -0.4]])
+    modules = eqx.filter_vmap(
+        lambda r: Decay(r, jnp.array(0.1), 5, "decay", jnp.tanh)
+    )(rates)
+
+    def loss(m):
+        return jnp.sum(m.run((X, 0), max_steps=8, checkpoints=2)[0])
+
+    grads = bl.filter_vmap(bl.filter_grad(loss))(modules)
+    for b in range(3):
+        one = Decay(rates[b], jnp.array(0.1), 5, "decay", jnp.tanh)
+        expected = eqx.filter_grad(lambda m: jnp.sum(reference(m, X, 5)))(one)
+        assert tree_allclose(grads.rate[b], expected.rate)
+        assert tree_allclose(grads.offset[b], expected.offset)
+
+
+class MLPStep(bl.LoopModule):
+    mlp: eqx.nn.MLP
+    tol: float = 0.05
+
+    def cond(self, carry):
+        return jnp.max(jnp.abs(carry[0])) > self.tol
+
+    def body(self, carry):
+        x, i = carry
+        return 0.5 * x + 0.1 * self.mlp(x), i + 1
+
+
+def test_nested_module_field(getkey):
+    module = MLPStep(eqx.nn.MLP(2, 2, 8, 2, key=getkey()))
+    x0 = jnp.array([1.0, -2.0])
+    out = module.run((x0, 0), max_steps=64, checkpoints=4)
+    trips = int(out[1])
+    assert 0 < trips < 64
+
+    grads = bl.filter_grad(lambda m: jnp.sum(m.run((x0, 0), max_steps=64, checkpoints=4)[0]))(module)
+    expected = eqx.filter_grad(lambda m: jnp.sum(scan_loop(m.body, (x0, 0), trips)[0]))(module)
+    assert tree_allclose(grads, expected, rtol=1e-4, atol=1e-6)
+
+
+def test_loop_wraps_partial_closure_and_bound_method():
+    def body(scale, carry):
+        x, i = carry
+        return jnp.sin(x) * scale, i + 1
+
+    def cond(limit, carry):
+        return carry[1] < limit
+
+    loop = bl.Loop(jtu.Partial(cond, 4), jtu.Partial(body, jnp.array(1.3)))
+    # the Partial's array is a traced leaf; its int stays static
+    leaves = jtu.tree_leaves(eqx.filter(loop, eqx.is_array))
+    assert len(leaves) == 1
+
+    @bl.filter_jit
+    @bl.filter_grad
+    def grad(loop, x):
+        return jnp.sum(loop.run((x, 0), max_steps=10, checkpoints=2)[0])
+
+    g = grad(loop, X)
+    expected = jax.grad(
+        lambda s: jnp.sum(scan_loop(lambda c: body(s, c), (X, 0), 4)[0])
+    )(jnp.array(1.3))
+    assert tree_allclose(g.body_fun.args[0], expected)
+
+    module = make_decay()
+    bound = bl.Loop(module.cond, module.body)
+    assert tree_allclose(
+        bound.run((X, 0), max_steps=9)[0], reference(module, X, 5)
+    )
+    # plain closures work too (and are static)
+    closure = bl.Loop(lambda c: c[1] < 3, lambda c: (c[0] * 2.0, c[1] + 1))
+    assert tree_allclose(bl.filter_jit(lambda l, x: l.run((x, 0), max_steps=5)[0])(closure, X), X * 8.0)
+
+
+def test_loop_rejects_non_callables():
+    with pytest.raises(TypeError, match="callable"):
+        bl.Loop(lambda c: True, 3)
