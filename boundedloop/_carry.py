@@ -2,6 +2,7 @@
 user's functions once against it (with the checks `lax.while_loop` makes)."""
 
 from collections.abc import Callable
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -9,6 +10,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
+from ._buffers import Buffer, _Trace, checks_enabled, find_buffers
 from ._errors import check_carry_match, check_predicate
 
 
@@ -63,56 +65,167 @@ def _returns_weak_scalars_cast(out, like):
 
 
 class TracedLoop(eqx.Module):
-    """A user's loop, traced once: closure-converted `body` and `cond` acting on the
-    array part of the carry, and the static part to put back afterwards."""
+    """A user's loop, traced once and closure-converted.
+
+    The carry's array leaves are split into `x` (a tuple of the ordinary leaves) and
+    `bufs` (a tuple of the buffer leaves). `body(x, bufs, dummies, active, written)`
+    returns `(x', bufs', written', writes, reads)` (see `_buffers`); `cond(x, bufs)`
+    returns the predicate. `checked_body` is `body` with the buffer checks on, or
+    `None`.
+    """
 
     body: Callable
     cond: Callable
-    init: object
-    static: object = eqx.field(static=True)
+    checked_body: Callable | None
+    init: tuple
+    bufs: tuple
+    layout: "Layout" = eqx.field(static=True)
 
-    def finish(self, dynamic):
-        """The user-facing carry from the loop's array part."""
+    def finish(self, x, bufs):
+        """The user-facing carry from the loop's arrays."""
+        return self.layout.rebuild(x, bufs)
+
+
+class Layout(eqx.Module):
+    """Where each array leaf of the carry goes, and the static leaves."""
+
+    treedef: Any = eqx.field(static=True)
+    static: Any = eqx.field(static=True)
+    buffer_pos: tuple[int, ...] = eqx.field(static=True)
+    read_shapes: tuple = eqx.field(static=True)  # per read, in order
+    read_leaves: tuple[int, ...] = eqx.field(static=True)  # buffer read, per read
+    write_leaves: tuple[int, ...] = eqx.field(static=True)  # buffer written, per write
+    mask_shapes: tuple = eqx.field(static=True)  # per buffer, for the checks
+
+    def split(self, leaves):
+        x = tuple(v for k, v in enumerate(leaves) if k not in self.buffer_pos)
+        bufs = tuple(leaves[k] for k in self.buffer_pos)
+        return x, bufs
+
+    def merge(self, x, bufs):
+        x, bufs = iter(x), iter(bufs)
+        return [
+            next(bufs) if k in self.buffer_pos else next(x)
+            for k in range(self.treedef.num_leaves)
+        ]
+
+    def rebuild(self, x, bufs):
+        dynamic = jtu.tree_unflatten(self.treedef, self.merge(x, bufs))
         return eqx.combine(dynamic, self.static)
 
 
-def trace_loop(cond_fun, body_fun, init_val, name: str) -> TracedLoop:
+def _generic_body(body_fun, layout: Layout, like, name: str):
+    """The body on split arrays, with `Buffer` objects standing in for buffers."""
+
+    def generic(x, bufs, dummies, active, written):
+        trace = _Trace(bufs, dummies, active, written)
+        views = [Buffer(trace, k) for k in range(len(bufs))]
+        out = body_fun(layout.rebuild(x, views))
+        out = _returns_weak_scalars_cast(out, like)
+        is_buffer = lambda v: isinstance(v, Buffer)  # noqa: E731
+        out_dynamic = eqx.filter(out, lambda v: is_carried(v) or is_buffer(v), is_leaf=is_buffer)
+        leaves = jtu.tree_leaves(out_dynamic, is_leaf=is_buffer)
+        for j, k in enumerate(layout.buffer_pos):
+            if k >= len(leaves) or leaves[k] is not views[j]:
+                raise TypeError(
+                    f"`{name}`: `body_fun` must return each buffer it was given "
+                    "(the result of `buf.at[i].set(...)`, or `buf` itself) in the "
+                    "same place of the carry."
+                )
+        new_x, _ = layout.split(leaves)
+        writes = tuple((w.value, w.index, w.pred) for w in trace.writes)
+        reads = tuple(r[1] for r in trace.reads)
+        written = None if trace.written is None else tuple(trace.written)
+        return tuple(new_x), tuple(trace.arrays), written, writes, reads
+
+    return generic
+
+
+def trace_loop(cond_fun, body_fun, init_val, buffers_fn, name: str) -> TracedLoop:
     """Check and closure-convert `cond_fun` and `body_fun` against `init_val`."""
     dynamic, static = eqx.partition(init_val, is_carried)
     dynamic = jtu.tree_map(_as_array, dynamic)
 
-    def full_body(d):
+    def plain_body(d):
         return body_fun(eqx.combine(d, static))
 
-    out = eqx.filter_eval_shape(full_body, dynamic)
-    if jtu.tree_structure(out) == jtu.tree_structure(init_val):
-        out_dynamic = eqx.filter(out, is_carried_shape)
-        adopted = jtu.tree_map(
-            _adopt_output_dtype, dynamic, out_dynamic, is_leaf=lambda v: v is None
-        )
-        if any(
-            a.dtype != b.dtype
-            for a, b in zip(jtu.tree_leaves(adopted), jtu.tree_leaves(dynamic))
-        ):
-            dynamic = adopted
-            out = eqx.filter_eval_shape(full_body, dynamic)
+    buffer_pos = () if buffers_fn is None else find_buffers(
+        buffers_fn, dynamic, static, name
+    )
+    if not buffer_pos:
+        out = eqx.filter_eval_shape(plain_body, dynamic)
+        if jtu.tree_structure(out) == jtu.tree_structure(init_val):
+            out_dynamic = eqx.filter(out, is_carried_shape)
+            adopted = jtu.tree_map(
+                _adopt_output_dtype, dynamic, out_dynamic, is_leaf=lambda v: v is None
+            )
+            if any(
+                a.dtype != b.dtype
+                for a, b in zip(jtu.tree_leaves(adopted), jtu.tree_leaves(dynamic))
+            ):
+                dynamic = adopted
+    leaves, treedef = jtu.tree_flatten(dynamic)
     like = eqx.combine(
         jtu.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), dynamic), static
     )
+    layout = Layout(treedef, static, buffer_pos, (), (), (), ())
+    x0, bufs0 = layout.split(leaves)
+
+    # first trace: check the output carry and record the buffer reads
+    def shape_body(x, bufs):
+        trace = _Trace(bufs, None, jnp.array(True), None)
+        views = [Buffer(trace, k) for k in range(len(bufs))]
+        out = body_fun(layout.rebuild(x, views))
+        out = jtu.tree_map(
+            lambda v: trace.arrays[v._leaf] if isinstance(v, Buffer) else v,
+            out,
+            is_leaf=lambda v: isinstance(v, Buffer),
+        )
+        depth = [0] * len(bufs)
+        for leaf, idx, _ in trace.reads:
+            depth[leaf] = max(depth[leaf], len(idx))
+        for w in trace.writes:
+            depth[w.leaf] = max(depth[w.leaf], len(w.index))
+        meta = (
+            tuple(r[2] for r in trace.reads),
+            tuple(r[0] for r in trace.reads),
+            tuple(w.leaf for w in trace.writes),
+            tuple(b.shape[:d] for b, d in zip(bufs, depth)),
+        )
+        return out, meta
+
+    out, meta = _shape_and_static(shape_body, x0, bufs0)
     if jtu.tree_structure(out) == jtu.tree_structure(like):
         out = _returns_weak_scalars_cast(out, like)
     check_carry_match(like, out, name)
+    layout = Layout(treedef, static, buffer_pos, *meta)
+    generic = _generic_body(body_fun, layout, like, name)
+    dummies = tuple(jnp.zeros(r.shape, r.dtype) for r in layout.read_shapes)
+    true = jnp.array(True)
 
-    def body_dynamic(d):
-        return eqx.filter(_returns_weak_scalars_cast(full_body(d), like), is_carried)
+    def cond_dynamic(x, bufs):
+        return cond_fun(layout.rebuild(x, bufs))
 
-    def cond_dynamic(d):
-        return cond_fun(eqx.combine(d, static))
+    check_predicate(eqx.filter_eval_shape(cond_dynamic, x0, bufs0), name)
+    body = eqx.filter_closure_convert(generic, x0, bufs0, dummies, true, None)
+    checked = None
+    if buffer_pos and checks_enabled():
+        masks = tuple(jnp.zeros(s, bool) for s in layout.mask_shapes)
+        checked = eqx.filter_closure_convert(generic, x0, bufs0, dummies, true, masks)
+    cond = eqx.filter_closure_convert(cond_dynamic, x0, bufs0)
+    return TracedLoop(body, cond, checked, tuple(x0), tuple(bufs0), layout)
 
-    check_predicate(eqx.filter_eval_shape(cond_dynamic, dynamic), name)
-    body = eqx.filter_closure_convert(body_dynamic, dynamic)
-    cond = eqx.filter_closure_convert(cond_dynamic, dynamic)
-    return TracedLoop(body, cond, dynamic, static)
+
+def _shape_and_static(fn, *args):
+    """`eqx.filter_eval_shape` for a function that also returns static metadata."""
+    box = {}
+
+    def wrapped(*a):
+        out, box["meta"] = fn(*a)
+        return out
+
+    out = eqx.filter_eval_shape(wrapped, *args)
+    return out, box["meta"]
 
 
 def is_carried_shape(x) -> bool:

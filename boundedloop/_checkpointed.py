@@ -8,12 +8,13 @@ Integer and boolean leaves get no cotangent.
 """
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
+from ._carry import Layout, TracedLoop
 from ._forward import PLANNING_HORIZON, checkpointed_sweep, plain_sweep
 from ._reverse import reverse_sweep
+from ._step import advance, float_part, is_float, make_step_vjp
 
 
 class LoopConfig(eqx.Module):
@@ -21,78 +22,60 @@ class LoopConfig(eqx.Module):
 
     max_steps: int | None = eqx.field(static=True)
     checkpoints: int = eqx.field(static=True)
+    layout: Layout = eqx.field(static=True)
 
 
-def is_float(x) -> bool:
-    """Leaves that get cotangents. Inside a custom VJP a weakly typed Python float
-    the body closed over may arrive as a bare `float`, so count those too."""
-    return eqx.is_inexact_array(x) or isinstance(x, float | complex)
-
-
-def _float_part(tree):
-    return eqx.filter(tree, is_float)
-
-
-def make_step_vjp(body, wanted):
-    """`(x, ct_x') -> (ct_body, ct_x)` for one step `x' = body(x)`.
-
-    `ct_body` covers the leaves of `body` where `wanted` (a pytree of bools shaped
-    like `body`) is true; `ct_x` covers the floating leaves of `x`. Leaving the
-    others out matters: a weight matrix nobody asked about would otherwise get a
-    full-size cotangent accumulated every step.
-    """
-    diff_body, static_body = eqx.partition(body, wanted)
-
-    def step_vjp(x, ct):
-        diff_x, static_x = eqx.partition(x, is_float)
-
-        def f(db, dx):
-            return _float_part(eqx.combine(db, static_body)(eqx.combine(dx, static_x)))
-
-        _, pullback = jax.vjp(f, diff_body, diff_x)
-        return pullback(ct)
-
-    return step_vjp, jtu.tree_map(jnp.zeros_like, diff_body)
+def _loop(diff, nondiff, config):
+    (body, x, bufs), (cond, checked) = diff, nondiff
+    return TracedLoop(body, cond, checked, x, bufs, config.layout)
 
 
 @eqx.filter_custom_vjp
-def checkpointed_loop(body_and_init, cond, config: LoopConfig):
-    """Run the loop; see `bl.while_loop`. `body_and_init = (body, init)`, where `body`
-    and `cond` are closure-converted and `init` holds arrays only."""
-    body, init = body_and_init
-    return plain_sweep(body, cond, init, config.max_steps)
+def checkpointed_loop(diff, nondiff, config: LoopConfig):
+    """Run the loop; see `bl.while_loop`. `diff = (body, x, bufs)`: the
+    closure-converted body and the initial arrays; `nondiff = (cond, checked_body)`.
+    Returns the final `(x, bufs)`."""
+    loop = _loop(diff, nondiff, config)
+    return plain_sweep(loop, config.max_steps, loop.checked_body is not None)
 
 
 @checkpointed_loop.def_fwd
-def _loop_fwd(perturbed, body_and_init, cond, config: LoopConfig):
+def _loop_fwd(perturbed, diff, nondiff, config: LoopConfig):
     del perturbed
-    body, init = body_and_init
-    final, tape = checkpointed_sweep(
-        body, cond, init, config.max_steps, config.checkpoints
+    loop = _loop(diff, nondiff, config)
+    checked = loop.checked_body is not None
+    return checkpointed_sweep(loop, config.max_steps, config.checkpoints, checked)
+
+
+def _zeros_where_none(ct, like):
+    return jtu.tree_map(
+        lambda c, x: c if c is not None or x is None else jnp.zeros_like(x),
+        float_part(ct),
+        float_part(like),
+        is_leaf=lambda v: v is None,
     )
-    return final, tape
 
 
 @checkpointed_loop.def_bwd
-def _loop_bwd(tape, ct_final, perturbed, body_and_init, cond, config: LoopConfig):
-    del cond
-    body, init = body_and_init
-    body_perturbed, _ = perturbed
-    wanted = jtu.tree_map(lambda p, x: p and is_float(x), body_perturbed, body)
-    step_vjp, ct_body_zero = make_step_vjp(body, wanted)
-    ct_final = jtu.tree_map(
-        lambda ct, x: ct if ct is not None or x is None else jnp.zeros_like(x),
-        _float_part(ct_final),
-        _float_part(init),
-        is_leaf=lambda x: x is None,
-    )
-    ct_body, ct_init = reverse_sweep(
-        body,
+def _loop_bwd(tape, ct_final, perturbed, diff, nondiff, config: LoopConfig):
+    del nondiff
+    body, x, bufs = diff
+    body_perturbed = perturbed[0]
+    wanted = jtu.tree_map(lambda p, leaf: p and is_float(leaf), body_perturbed, body)
+    step_vjp, ct_body_zero = make_step_vjp(body, config.layout, wanted)
+    ct_x, ct_bufs = ct_final
+
+    def step_fn(x, bufs):
+        return advance(body, config.layout, x, bufs, jnp.array(True))[0]
+
+    ct_body, ct_x, ct_bufs = reverse_sweep(
+        step_fn,
         step_vjp,
         tape,
-        ct_final,
+        _zeros_where_none(ct_x, x),
+        _zeros_where_none(ct_bufs, bufs),
         ct_body_zero,
         config.checkpoints,
         PLANNING_HORIZON,
     )
-    return ct_body, ct_init
+    return ct_body, ct_x, ct_bufs

@@ -1,13 +1,13 @@
 """The forward sweeps: plain (nothing saved) and checkpointed (saving the carry).
 
-Both run `step(x)` while `predicate(x)` holds and fewer than `max_steps` steps
-have been taken. The checkpointed sweep keeps its control (the step counter and the
-checkpoint bookkeeping) unbatched under `vmap`: it runs while any element is still
-going and masks the elements that have stopped, so the schedule is shared by the
-whole batch and each element counts its own trip.
+Both run the body while the predicate holds and fewer than `max_steps` steps have
+been taken. Where buffers (or, for the checkpointed sweep, checkpoint bookkeeping)
+are carried, the sweep keeps its control unbatched under `vmap`: it runs while any
+element is still going and masks the elements that have stopped, instead of letting
+`lax.while_loop`'s batching select (and so copy) every carried array per step. The
+schedule is then shared by the whole batch and each element counts its own trip.
 """
 
-from collections.abc import Callable
 from typing import NamedTuple
 
 import jax.numpy as jnp
@@ -17,6 +17,7 @@ from jaxtyping import Array, Int, PyTree
 
 from . import _slots
 from ._schedule import online_actions
+from ._step import advance
 from ._unbatched import any_across_batch
 
 
@@ -30,28 +31,54 @@ def _within(step, max_steps):
     return True if max_steps is None else step < max_steps
 
 
-def plain_sweep(step: Callable, predicate: Callable, init, max_steps: int | None):
-    """As `lax.while_loop(predicate, step, init)`, stopping after `max_steps` steps."""
+def _masks(layout):
+    return tuple(jnp.zeros(s, bool) for s in layout.mask_shapes)
 
-    def cond(state):
-        t, x = state
-        return jnp.logical_and(_within(t, max_steps), predicate(x))
 
-    def body(state):
-        t, x = state
-        return t + 1, step(x)
+def plain_sweep(loop, max_steps: int | None, checked: bool):
+    """As `lax.while_loop(cond, body, init)`, stopping after `max_steps` steps.
 
-    _, final = lax.while_loop(cond, body, (jnp.array(0, jnp.int32), init))
-    return final
+    `loop` is a `TracedLoop`; returns the final `(x, bufs)`.
+    """
+    body = loop.checked_body if checked else loop.body
+    if not loop.bufs:
+
+        def cond(state):
+            t, x = state
+            return jnp.logical_and(_within(t, max_steps), loop.cond(x, ()))
+
+        def step(state):
+            t, x = state
+            return t + 1, advance(body, loop.layout, x, (), True)[0]
+
+        _, final = lax.while_loop(cond, step, (jnp.array(0, jnp.int32), loop.init))
+        return final, ()
+
+    def masked_cond(state):
+        t, _, _, _, active = state
+        return jnp.logical_and(_within(t, max_steps), any_across_batch(active))
+
+    def masked_step(state):
+        t, x, bufs, written, active = state
+        new_x, bufs, written = advance(body, loop.layout, x, bufs, active, written)
+        x = _slots.select(active, new_x, x)
+        return t + 1, x, bufs, written, jnp.logical_and(active, loop.cond(x, bufs))
+
+    written = _masks(loop.layout) if checked else None
+    active = jnp.asarray(loop.cond(loop.init, loop.bufs), bool)
+    state = (jnp.array(0, jnp.int32), loop.init, loop.bufs, written, active)
+    _, x, bufs, _, _ = lax.while_loop(masked_cond, masked_step, state)
+    return x, bufs
 
 
 class Tape(NamedTuple):
     """What the checkpointed sweep leaves for the reverse sweep."""
 
-    storage: PyTree[Array]  # a row per slot
+    storage: PyTree[Array]  # a row per slot (buffers are never stored)
     positions: Int[Array, " slots"]  # the step whose state each slot holds
     trips: Int[Array, ""]  # steps this element took (batched under vmap)
     length: Int[Array, ""]  # iterations the sweep ran (never batched)
+    bufs: tuple  # the final buffers: every value ever written
 
 
 def store_plan(slots: int, max_steps: int | None) -> tuple[np.ndarray, np.ndarray] | None:
@@ -65,25 +92,24 @@ def store_plan(slots: int, max_steps: int | None) -> tuple[np.ndarray, np.ndarra
     return steps, slot_ids
 
 
-def checkpointed_sweep(
-    step: Callable, predicate: Callable, init, max_steps: int | None, slots: int
-):
+def checkpointed_sweep(loop, max_steps: int | None, slots: int, checked: bool):
     """The forward sweep of a differentiated loop.
 
     **Returns:**
 
-    `(final, tape)`: the final carry (equal to `plain_sweep`'s) and the `Tape`.
+    `((x, bufs), tape)`: the final arrays (equal to `plain_sweep`'s) and the `Tape`.
     """
+    body = loop.checked_body if checked else loop.body
     plan = store_plan(slots, max_steps)
     if plan is not None:
         plan_steps, plan_slots = map(jnp.asarray, plan)
 
     def cond(state):
-        t, _, active, *_ = state
+        t, _, _, _, active, *_ = state
         return jnp.logical_and(_within(t, max_steps), any_across_batch(active))
 
-    def body(state):
-        t, x, active, trips, storage, positions, cursor = state
+    def step(state):
+        t, x, bufs, written, active, trips, storage, positions, cursor = state
         if plan is None:
             slot, when = t, True
         else:
@@ -91,20 +117,25 @@ def checkpointed_sweep(
             cursor = cursor + when.astype(jnp.int32)
         storage = _slots.store(storage, slot, x, when)
         positions = positions.at[slot].set(jnp.where(when, t, positions[slot]))
-        x = _slots.select(active, step(x), x)
+        new_x, bufs, written = advance(body, loop.layout, x, bufs, active, written)
+        x = _slots.select(active, new_x, x)
         trips = trips + active.astype(jnp.int32)
-        active = jnp.logical_and(active, predicate(x))
-        return t + 1, x, active, trips, storage, positions, cursor
+        active = jnp.logical_and(active, loop.cond(x, bufs))
+        return t + 1, x, bufs, written, active, trips, storage, positions, cursor
 
     zero = jnp.array(0, jnp.int32)
     state = (
         zero,
-        init,
-        jnp.asarray(predicate(init), bool),
+        loop.init,
+        loop.bufs,
+        _masks(loop.layout) if checked else None,
+        jnp.asarray(loop.cond(loop.init, loop.bufs), bool),
         zero,
-        _slots.empty(init, slots),
+        _slots.empty(loop.init, slots),
         jnp.full((slots,), _slots.UNUSED, jnp.int32),
         zero,
     )
-    length, final, _, trips, storage, positions, _ = lax.while_loop(cond, body, state)
-    return final, Tape(storage, positions, trips, length)
+    length, x, bufs, _, _, trips, storage, positions, _ = lax.while_loop(
+        cond, step, state
+    )
+    return (x, bufs), Tape(storage, positions, trips, length, bufs)

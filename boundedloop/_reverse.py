@@ -42,10 +42,11 @@ def split_rule(slots: int, max_length: int) -> Callable:
 
 
 def reverse_sweep(
-    step: Callable,
+    step_fn: Callable,
     step_vjp: Callable,
     tape: Tape,
     ct_final,
+    ct_bufs,
     ct_params_zero,
     slots: int,
     max_length: int,
@@ -54,61 +55,58 @@ def reverse_sweep(
 
     **Arguments:**
 
-    - `step`: `x -> x'`, one step of the loop.
-    - `step_vjp`: `(x, ct_x') -> (ct_params, ct_x)`, its vector-Jacobian product.
+    - `step_fn`: `(x, bufs) -> x'`, one step of the loop.
+    - `step_vjp`: `(x, bufs, ct_x', ct_bufs, active) -> (ct_params, ct_x, ct_bufs)`,
+        its vector-Jacobian product (see `_step.make_step_vjp`).
     - `tape`: the forward sweep's `Tape`.
-    - `ct_final`: the cotangent of the final carry.
+    - `ct_final`, `ct_bufs`: the cotangents of the final carry and buffers.
     - `ct_params_zero`: zeros shaped like `ct_params`.
     - `slots`: the number of checkpoint slots.
-    - `max_length`: the longest a segment can be (sizes the split table).
+    - `max_length`: sizes the split table (longer segments stay correct).
 
     **Returns:**
 
-    `(ct_params, ct_init)`.
+    `(ct_params, ct_init, ct_bufs_init)`.
     """
     split = split_rule(slots, max_length)
+    bufs = tape.bufs
     # sort the checkpoints by position (unused slots sort last)
     order = jnp.argsort(tape.positions).astype(jnp.int32)
     order_pos = tape.positions[order]
     depth = jnp.sum(tape.positions != _slots.UNUSED).astype(jnp.int32)
-    end = tape.length
 
-    def top_segment(depth, order_pos, order, storage, end):
+    def top_segment(depth, order_pos, storage, end):
         top = jnp.maximum(depth - 1, 0)
         i = order_pos[top]
         return i, _slots.load(storage, order[top]), i + split(end - i, slots - top)
 
-    i, x, target = top_segment(depth, order_pos, order, tape.storage, end)
-
-    def masked_step(x, i):
-        return _slots.select(i < tape.trips, step(x), x)
-
-    def masked_vjp(x, ct, ct_params, i):
-        # elements whose loop had already stopped at step i pass `ct` through
-        active = i < tape.trips
-        d_params, d_x = step_vjp(x, ct)
-        d_x = _slots.select(active, d_x, ct)
-        ct_params = jtu.tree_map(
-            lambda acc, d: acc + jnp.where(active, d, jnp.zeros_like(d)),
-            ct_params,
-            d_params,
-        )
-        return d_x, ct_params
+    i, x, target = top_segment(depth, order_pos, tape.storage, tape.length)
 
     def cond(state):
         return state[1] > 0
 
     def body(state):
-        i, end, depth, target, order_pos, order, storage, x, ct, ct_params = state
+        i, end, depth, target, order_pos, storage, x, ct, ct_bufs, ct_params = state
         turn = i == end - 1
+        # elements whose loop had already stopped at step i neither move nor
+        # pass anything but `ct` through
+        active = i < tape.trips
 
-        def reverse(x, ct, ct_params):
-            return (x, *masked_vjp(x, ct, ct_params, i))
+        def reverse(x, ct, ct_bufs, ct_params):
+            d_params, d_x, ct_bufs = step_vjp(x, bufs, ct, ct_bufs, active)
+            ct_params = jtu.tree_map(
+                lambda acc, d: acc + jnp.where(active, d, jnp.zeros_like(d)),
+                ct_params,
+                d_params,
+            )
+            return x, _slots.select(active, d_x, ct), ct_bufs, ct_params
 
-        def advance(x, ct, ct_params):
-            return masked_step(x, i), ct, ct_params
+        def advance(x, ct, ct_bufs, ct_params):
+            return _slots.select(active, step_fn(x, bufs), x), ct, ct_bufs, ct_params
 
-        x, ct, ct_params = lax.cond(turn, reverse, advance, x, ct, ct_params)
+        x, ct, ct_bufs, ct_params = lax.cond(
+            turn, reverse, advance, x, ct, ct_bufs, ct_params
+        )
         # after an advance: store the new state if it starts the next segment
         i_next = i + 1
         push = (~turn) & (i_next == target) & (i_next < end - 1)
@@ -118,26 +116,26 @@ def reverse_sweep(
         depth = depth + push.astype(jnp.int32)
         # after a reversal: drop the checkpoint if its segment is done, restore the top
         end = end - turn.astype(jnp.int32)
-        depth = depth - (turn & (end == order_pos[jnp.maximum(depth - 1, 0)])).astype(jnp.int32)
-        top_i, top_x, top_target = top_segment(depth, order_pos, order, storage, end)
+        done = turn & (end == order_pos[jnp.maximum(depth - 1, 0)])
+        depth = depth - done.astype(jnp.int32)
+        top_i, top_x, top_target = top_segment(depth, order_pos, storage, end)
         new_target = i_next + split(end - i_next, slots - (depth - 1))
         i = jnp.where(turn, top_i, i_next)
         x = _slots.select(turn, top_x, x)
         target = jnp.where(turn, top_target, jnp.where(push, new_target, target))
-        return i, end, depth, target, order_pos, order, storage, x, ct, ct_params
+        return i, end, depth, target, order_pos, storage, x, ct, ct_bufs, ct_params
 
     state = (
         i,
-        end,
+        tape.length,
         depth,
         target,
         order_pos,
-        order,
         tape.storage,
         x,
         ct_final,
+        ct_bufs,
         ct_params_zero,
     )
     state = lax.while_loop(cond, body, state)
-    ct_init, ct_params = state[8], state[9]
-    return ct_params, ct_init
+    return state[9], state[7], state[8]

@@ -76,14 +76,16 @@ def while_loop(
     name = "bl.while_loop"
     max_steps = check_max_steps(max_steps, name)
     checkpoints = check_checkpoints(checkpoints, max_steps, name)
-    if buffers is not None:
-        raise NotImplementedError(
-            f"`{name}(..., buffers=...)` is not supported yet; carry the arrays "
-            "normally for now."
+    if buffers is not None and not callable(buffers):
+        raise TypeError(
+            f"`{name}` needs `buffers` to be a function `carry -> node(s)`, got "
+            f"{buffers!r}."
         )
-    loop = trace_loop(cond_fun, body_fun, init_val, name)
+    loop = trace_loop(cond_fun, body_fun, init_val, buffers, name)
     if max_steps == 0:
-        return loop.finish(loop.init)
-    config = LoopConfig(max_steps, checkpoints)
-    final = checkpointed_loop((loop.body, loop.init), loop.cond, config)
-    return loop.finish(final)
+        return loop.finish(loop.init, loop.bufs)
+    config = LoopConfig(max_steps, checkpoints, loop.layout)
+    x, bufs = checkpointed_loop(
+        (loop.body, loop.init, loop.bufs), (loop.cond, loop.checked_body), config
+    )
+    return loop.finish(x, bufs)

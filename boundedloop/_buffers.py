@@ -1,0 +1,256 @@
+"""In-place buffers inside the loop.
+
+Inside `body_fun` every array leaf named by `buffers=` is a `Buffer`: it supports
+`buf[i]` and `buf.at[i].set(x, pred=p)`. Buffers are carried as one copy, never
+checkpointed: the reverse sweep reads the final buffer, which holds every value ever
+written because each location is written at most once. Cotangents are kept in a
+buffer-sized array too and touched only where the body reads or writes.
+
+To differentiate a step sparsely, each read returns `buf[i]` with a *dummy* input
+standing in for its tangent (`_read` below), so the step's VJP with respect to the
+dummies is exactly the cotangent of each read value, to be added at `i`.
+"""
+
+import contextlib
+import dataclasses
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+from jax import lax
+
+
+_checks = {"enabled": False}
+
+
+@contextlib.contextmanager
+def buffer_checks(enabled: bool = True):
+    """Check the buffer rules of loops traced inside this block.
+
+    Off by default and free when off. When on, the forward pass of every loop traced
+    in the block keeps a record of which buffer locations have been written and
+    raises a runtime error (through `eqx.error_if`) on a second write to one
+    location, or on a read of a location that has not been written.
+
+    ```python
+    with bl.buffer_checks():
+        out = jax.jit(f)(x)   # f calls bl.while_loop(..., buffers=...)
+    ```
+
+    **Arguments:**
+
+    - `enabled`: whether to check.
+    """
+    previous = _checks["enabled"]
+    _checks["enabled"] = enabled
+    try:
+        yield
+    finally:
+        _checks["enabled"] = previous
+
+
+def checks_enabled() -> bool:
+    return _checks["enabled"]
+
+
+def _index(idx, buf_ndim: int):
+    idx = idx if isinstance(idx, tuple) else (idx,)
+    if len(idx) > buf_ndim:
+        raise IndexError(
+            f"Too many indices for a buffer of rank {buf_ndim}: got {len(idx)}."
+        )
+    out = []
+    for i in idx:
+        i = jnp.asarray(i)
+        if i.shape != () or not jnp.issubdtype(i.dtype, jnp.integer):
+            raise TypeError(
+                "A buffer is indexed by scalar integers along its leading axes, "
+                f"`buf[i]` or `buf[i, j]`; got an index of type {i.dtype}{list(i.shape)}."
+            )
+        out.append(i.astype(jnp.int32))
+    return tuple(out)
+
+
+def get(array, idx):
+    start = idx + (jnp.array(0, jnp.int32),) * (array.ndim - len(idx))
+    sizes = (1,) * len(idx) + array.shape[len(idx) :]
+    return lax.dynamic_slice(array, start, sizes).reshape(array.shape[len(idx) :])
+
+
+def put(array, idx, value, pred=True):
+    if pred is not True:
+        value = jnp.where(pred, value, get(array, idx))
+    start = idx + (jnp.array(0, jnp.int32),) * (array.ndim - len(idx))
+    value = value.reshape((1,) * len(idx) + array.shape[len(idx) :])
+    return lax.dynamic_update_slice(array, value, start)
+
+
+@jax.custom_jvp
+def _read(array, idx, dummy):
+    del dummy
+    return get(array, idx)
+
+
+@_read.defjvp
+def _read_jvp(primals, tangents):
+    array, idx, dummy = primals
+    # the buffer's own tangent is handled by the reverse sweep; the dummy's is the
+    # tangent of the value read
+    return _read(array, idx, dummy), tangents[2]
+
+
+@dataclasses.dataclass
+class Write:
+    leaf: int
+    index: tuple
+    value: Any
+    pred: Any
+
+
+class _Trace:
+    """One evaluation of the body: the buffers' state and what it read and wrote."""
+
+    def __init__(self, arrays, dummies, active, written):
+        self.arrays = list(arrays)
+        self.dummies = dummies
+        self.active = active
+        self.written = None if written is None else list(written)
+        self.reads: list[tuple[int, tuple, Any]] = []  # (leaf, index, shape/dtype)
+        self.writes: list[Write] = []
+
+    def read(self, leaf, idx):
+        array = self.arrays[leaf]
+        if self.written is not None:
+            done = jnp.all(get(self.written[leaf], idx))
+            unwritten = jnp.logical_and(self.active, ~done)
+            array = eqx.error_if(
+                array,
+                unwritten,
+                "`bl.while_loop`: a buffer read a location that has not been written. "
+                "Only written locations may be read.",
+            )
+        if self.dummies is None:
+            value = get(array, idx)
+        else:
+            value = _read(array, idx, self.dummies[len(self.reads)])
+        self.reads.append((leaf, idx, jax.ShapeDtypeStruct(value.shape, value.dtype)))
+        return value
+
+    def write(self, leaf, idx, value, pred):
+        array = self.arrays[leaf]
+        value = jnp.asarray(value)
+        shape = array.shape[len(idx) :]
+        if value.shape != shape:
+            value = jnp.broadcast_to(value, shape)
+        value = value.astype(array.dtype)
+        pred = jnp.asarray(True if pred is None else pred, bool)
+        if pred.shape != ():
+            raise TypeError("`buf.at[i].set(x, pred=p)` needs `p` to be a scalar bool.")
+        self.writes.append(Write(leaf, idx, value, pred))
+        live = jnp.logical_and(pred, self.active)
+        if self.written is not None:
+            again = jnp.logical_and(live, jnp.any(get(self.written[leaf], idx)))
+            array = eqx.error_if(
+                array,
+                again,
+                "`bl.while_loop`: a buffer location was written twice. Each location "
+                "of a buffer may be written at most once.",
+            )
+            mask = self.written[leaf]
+            block = jnp.ones(mask.shape[len(idx) :], bool)
+            self.written[leaf] = put(mask, idx, block, live)
+        self.arrays[leaf] = put(array, idx, value, live)
+
+
+class Buffer:
+    """An array inside the loop body, read and written one location at a time.
+
+    `buf[i]` reads; `buf.at[i].set(x)` and `buf.at[i].set(x, pred=p)` return the
+    buffer with location `i` set (only where `p` is true). `i` is a scalar integer
+    or a tuple of them, indexing the leading axes. Each location may be written at
+    most once per loop, and only written locations may be read.
+    """
+
+    def __init__(self, trace: _Trace, leaf: int):
+        self._trace = trace
+        self._leaf = leaf
+
+    @property
+    def _array(self):
+        return self._trace.arrays[self._leaf]
+
+    @property
+    def shape(self):
+        return self._array.shape
+
+    @property
+    def dtype(self):
+        return self._array.dtype
+
+    @property
+    def ndim(self):
+        return self._array.ndim
+
+    def __getitem__(self, idx):
+        return self._trace.read(self._leaf, _index(idx, self.ndim))
+
+    @property
+    def at(self):
+        return _BufferAt(self)
+
+    def __repr__(self):
+        return f"Buffer({jnp.dtype(self.dtype).name}{list(self.shape)})"
+
+
+class _BufferAt:
+    def __init__(self, buffer: Buffer):
+        self._buffer = buffer
+
+    def __getitem__(self, idx):
+        return _BufferRef(self._buffer, _index(idx, self._buffer.ndim))
+
+
+class _BufferRef:
+    def __init__(self, buffer: Buffer, idx):
+        self._buffer = buffer
+        self._idx = idx
+
+    def set(self, x, *, pred=None) -> Buffer:
+        """Set this location to `x` (where `pred` is true). Returns the buffer."""
+        b = self._buffer
+        b._trace.write(b._leaf, self._idx, x, pred)
+        return b
+
+    def get(self):
+        return self._buffer[self._idx]
+
+
+class _Marker:
+    def __init__(self, k):
+        self.k = k
+
+
+def find_buffers(buffers_fn, dynamic, static, name: str) -> tuple[int, ...]:
+    """The flat positions (among the leaves of `dynamic`, the carry's array part) of
+    the leaves under the nodes `buffers_fn(carry)` returns."""
+    leaves, treedef = jtu.tree_flatten(dynamic)
+    marked = jtu.tree_unflatten(treedef, [_Marker(k) for k in range(len(leaves))])
+    is_marker = lambda x: isinstance(x, _Marker)  # noqa: E731
+    nodes = buffers_fn(eqx.combine(marked, static, is_leaf=is_marker))
+    found = []
+    for leaf in jtu.tree_leaves(nodes, is_leaf=is_marker):
+        if not isinstance(leaf, _Marker):
+            raise TypeError(
+                f"`{name}`: every leaf under the nodes `buffers` returns must be an "
+                f"array of the carry, but found {leaf!r}. Return the carry's array "
+                "nodes, e.g. `buffers=lambda carry: carry[1]`."
+            )
+        if jnp.ndim(leaves[leaf.k]) == 0:
+            raise TypeError(
+                f"`{name}`: a buffer must be an array with at least one axis, but one "
+                f"of the nodes `buffers` returns is a scalar ({leaves[leaf.k]!r})."
+            )
+        found.append(leaf.k)
+    return tuple(sorted(set(found)))

@@ -1,0 +1,87 @@
+"""One step of the loop, forward and as a vector-Jacobian product, on split arrays:
+`x` (the ordinary carry leaves) and `bufs` (the buffers)."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+
+from ._buffers import get, put
+
+
+def is_float(x) -> bool:
+    """Leaves that get cotangents. Inside a custom VJP a weakly typed Python float
+    the body closed over may arrive as a bare `float`, so count those too."""
+    return eqx.is_inexact_array(x) or isinstance(x, float | complex)
+
+
+def float_part(tree):
+    return eqx.filter(tree, is_float)
+
+
+def dummies(layout):
+    """Stand-ins for the buffer reads' tangents (see `_buffers._read`)."""
+    return tuple(jnp.zeros(r.shape, r.dtype) for r in layout.read_shapes)
+
+
+def advance(body, layout, x, bufs, active, written=None):
+    """`(x', bufs', written')`: one step; buffer writes happen only where `active`."""
+    active = jnp.asarray(active, bool)
+    new_x, new_bufs, new_written, _, _ = body(x, bufs, dummies(layout), active, written)
+    return new_x, new_bufs, new_written
+
+
+def make_step_vjp(body, layout, wanted):
+    """`step_vjp(x, bufs, ct_x', ct_bufs, active) -> (ct_body, ct_x, ct_bufs)`.
+
+    `ct_body` covers the leaves of `body` where `wanted` (bools shaped like `body`)
+    is true, `ct_x` the floating leaves of `x`. Leaving the rest out matters: a weight
+    matrix nobody asked about would otherwise get a full-size cotangent every step.
+    `ct_bufs` (floating buffers; `None` for others) is updated only at the locations
+    the step wrote (cleared: those values did not exist before) and read (added to),
+    and only where `active`.
+    """
+    diff_body, static_body = eqx.partition(body, wanted)
+    float_reads = [
+        k for k, r in enumerate(layout.read_shapes) if jnp.issubdtype(r.dtype, jnp.inexact)
+    ]
+
+    def step_vjp(x, bufs, ct, ct_bufs, active):
+        diff_x, static_x = eqx.partition(x, is_float)
+        stand_ins = dummies(layout)
+
+        def f(db, dx, float_dummies):
+            all_dummies = list(stand_ins)
+            for k, d in zip(float_reads, float_dummies):
+                all_dummies[k] = d
+            new_x, _, _, writes, reads = eqx.combine(db, static_body)(
+                eqx.combine(dx, static_x), bufs, tuple(all_dummies), jnp.array(True), None
+            )
+            values = tuple(v if is_float(v) else None for v, _, _ in writes)
+            aux = tuple((i, p) for _, i, p in writes), reads
+            return (float_part(new_x), values), aux
+
+        float_dummies = tuple(stand_ins[k] for k in float_reads)
+        _, pullback, (writes, reads) = jax.vjp(
+            f, diff_body, diff_x, float_dummies, has_aux=True
+        )
+        ct_bufs = list(ct_bufs)
+        ct_writes = []
+        for leaf, (index, pred) in zip(layout.write_leaves, writes):
+            if ct_bufs[leaf] is None:
+                ct_writes.append(None)
+                continue
+            here = get(ct_bufs[leaf], index)
+            ct_writes.append(jnp.where(pred, here, jnp.zeros_like(here)))
+            zeros = jnp.zeros_like(here)
+            ct_bufs[leaf] = put(ct_bufs[leaf], index, zeros, jnp.logical_and(pred, active))
+        d_body, d_x, d_reads = pullback((ct, tuple(ct_writes)))
+        for k, d in zip(float_reads, d_reads):
+            leaf, index = layout.read_leaves[k], reads[k]
+            if ct_bufs[leaf] is None:
+                continue
+            here = get(ct_bufs[leaf], index)
+            ct_bufs[leaf] = put(ct_bufs[leaf], index, here + d.astype(here.dtype), active)
+        return d_body, d_x, tuple(ct_bufs)
+
+    return step_vjp, jtu.tree_map(jnp.zeros_like, diff_body)
