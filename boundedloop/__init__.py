@@ -9,6 +9,7 @@ from equinox import (
     filter_vmap as filter_vmap,
 )
 
+from ._buffers import Buffer as Buffer, buffer_checks as buffer_checks
 from ._module import Loop as Loop, LoopModule as LoopModule
 from ._while_loop import while_loop as while_loop
 

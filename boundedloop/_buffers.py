@@ -55,6 +55,25 @@ def checks_enabled() -> bool:
     return _checks["enabled"]
 
 
+def raise_violations(active, violations):
+    """`active`, with a runtime error attached if the step broke a buffer rule.
+
+    Tied to the loop's predicate so that the check can never be pruned away."""
+    double_write, unwritten_read = violations
+    active = eqx.error_if(
+        active,
+        double_write,
+        "`bl.while_loop`: a buffer location was written twice. Each location of a "
+        "buffer may be written at most once.",
+    )
+    return eqx.error_if(
+        active,
+        unwritten_read,
+        "`bl.while_loop`: a buffer read a location that has not been written. Only "
+        "written locations may be read.",
+    )
+
+
 def _index(idx, buf_ndim: int):
     idx = idx if isinstance(idx, tuple) else (idx,)
     if len(idx) > buf_ndim:
@@ -101,6 +120,10 @@ def _read_jvp(primals, tangents):
     return _read(array, idx, dummy), tangents[2]
 
 
+def _same_index(a, b):
+    return jnp.all(jnp.stack([i == j for i, j in zip(a, b)]))
+
+
 @dataclasses.dataclass
 class Write:
     leaf: int
@@ -117,7 +140,12 @@ class _Trace:
         self.dummies = dummies
         self.active = active
         self.written = None if written is None else list(written)
-        self.reads: list[tuple[int, tuple, Any]] = []  # (leaf, index, shape/dtype)
+        # runtime rule violations seen in this step (only with the checks on)
+        self.double_write = jnp.array(False)
+        self.unwritten_read = jnp.array(False)
+        # (leaf, index, shape/dtype, fresh): `fresh` is false where the read saw a
+        # value this same step wrote, whose cotangent belongs to that write instead
+        self.reads: list[tuple[int, tuple, Any, Any]] = []
         self.writes: list[Write] = []
 
     def read(self, leaf, idx):
@@ -125,17 +153,21 @@ class _Trace:
         if self.written is not None:
             done = jnp.all(get(self.written[leaf], idx))
             unwritten = jnp.logical_and(self.active, ~done)
-            array = eqx.error_if(
-                array,
-                unwritten,
-                "`bl.while_loop`: a buffer read a location that has not been written. "
-                "Only written locations may be read.",
-            )
+            self.unwritten_read = jnp.logical_or(self.unwritten_read, unwritten)
+        fresh = jnp.array(True)
         if self.dummies is None:
             value = get(array, idx)
         else:
+            # the reverse sweep reads the final buffer: values this step wrote are
+            # there already, but their cotangent must reach the written value
             value = _read(array, idx, self.dummies[len(self.reads)])
-        self.reads.append((leaf, idx, jax.ShapeDtypeStruct(value.shape, value.dtype)))
+            for w in self.writes:
+                if w.leaf == leaf and len(w.index) == len(idx):
+                    same = jnp.logical_and(w.pred, _same_index(w.index, idx))
+                    value = jnp.where(same, w.value, value)
+                    fresh = jnp.logical_and(fresh, ~same)
+        shape = jax.ShapeDtypeStruct(value.shape, value.dtype)
+        self.reads.append((leaf, idx, shape, fresh))
         return value
 
     def write(self, leaf, idx, value, pred):
@@ -152,12 +184,7 @@ class _Trace:
         live = jnp.logical_and(pred, self.active)
         if self.written is not None:
             again = jnp.logical_and(live, jnp.any(get(self.written[leaf], idx)))
-            array = eqx.error_if(
-                array,
-                again,
-                "`bl.while_loop`: a buffer location was written twice. Each location "
-                "of a buffer may be written at most once.",
-            )
+            self.double_write = jnp.logical_or(self.double_write, again)
             mask = self.written[leaf]
             block = jnp.ones(mask.shape[len(idx) :], bool)
             self.written[leaf] = put(mask, idx, block, live)

@@ -118,7 +118,8 @@ def _generic_body(body_fun, layout: Layout, like, name: str):
     """The body on split arrays, with `Buffer` objects standing in for buffers."""
 
     def generic(x, bufs, dummies, active, written):
-        trace = _Trace(bufs, dummies, active, written)
+        # `written`: None, or (masks, violations) of the buffer checks
+        trace = _Trace(bufs, dummies, active, None if written is None else written[0])
         views = [Buffer(trace, k) for k in range(len(bufs))]
         out = body_fun(layout.rebuild(x, views))
         out = _returns_weak_scalars_cast(out, like)
@@ -134,8 +135,11 @@ def _generic_body(body_fun, layout: Layout, like, name: str):
                 )
         new_x, _ = layout.split(leaves)
         writes = tuple((w.value, w.index, w.pred) for w in trace.writes)
-        reads = tuple(r[1] for r in trace.reads)
-        written = None if trace.written is None else tuple(trace.written)
+        reads = tuple((r[1], r[3]) for r in trace.reads)
+        written = None
+        if trace.written is not None:
+            violations = (trace.double_write, trace.unwritten_read)
+            written = (tuple(trace.written), violations)
         return tuple(new_x), tuple(trace.arrays), written, writes, reads
 
     return generic
@@ -182,7 +186,7 @@ def trace_loop(cond_fun, body_fun, init_val, buffers_fn, name: str) -> TracedLoo
             is_leaf=lambda v: isinstance(v, Buffer),
         )
         depth = [0] * len(bufs)
-        for leaf, idx, _ in trace.reads:
+        for leaf, idx, *_ in trace.reads:
             depth[leaf] = max(depth[leaf], len(idx))
         for w in trace.writes:
             depth[w.leaf] = max(depth[w.leaf], len(w.index))
@@ -211,7 +215,9 @@ def trace_loop(cond_fun, body_fun, init_val, buffers_fn, name: str) -> TracedLoo
     checked = None
     if buffer_pos and checks_enabled():
         masks = tuple(jnp.zeros(s, bool) for s in layout.mask_shapes)
-        checked = eqx.filter_closure_convert(generic, x0, bufs0, dummies, true, masks)
+        checked = eqx.filter_closure_convert(
+            generic, x0, bufs0, dummies, true, (masks, (true, true))
+        )
     cond = eqx.filter_closure_convert(cond_dynamic, x0, bufs0)
     return TracedLoop(body, cond, checked, tuple(x0), tuple(bufs0), layout)
 

@@ -62,7 +62,7 @@ def _loop_bwd(tape, ct_final, perturbed, diff, nondiff, config: LoopConfig):
     body, x, bufs = diff
     body_perturbed = perturbed[0]
     wanted = jtu.tree_map(lambda p, leaf: p and is_float(leaf), body_perturbed, body)
-    step_vjp, ct_body_zero = make_step_vjp(body, config.layout, wanted)
+    step_vjp, apply_updates, ct_body_zero = make_step_vjp(body, config.layout, wanted)
     ct_x, ct_bufs = ct_final
 
     def step_fn(x, bufs):
@@ -71,6 +71,7 @@ def _loop_bwd(tape, ct_final, perturbed, diff, nondiff, config: LoopConfig):
     ct_body, ct_x, ct_bufs = reverse_sweep(
         step_fn,
         step_vjp,
+        apply_updates,
         tape,
         _zeros_where_none(ct_x, x),
         _zeros_where_none(ct_bufs, bufs),

@@ -16,6 +16,7 @@ from jax import lax
 from jaxtyping import Array, Int, PyTree
 
 from . import _slots
+from ._buffers import raise_violations
 from ._schedule import online_actions
 from ._step import advance
 from ._unbatched import any_across_batch
@@ -32,7 +33,16 @@ def _within(step, max_steps):
 
 
 def _masks(layout):
-    return tuple(jnp.zeros(s, bool) for s in layout.mask_shapes)
+    """The buffer checks' state: which locations are written, and no violations."""
+    none = jnp.array(False)
+    return tuple(jnp.zeros(s, bool) for s in layout.mask_shapes), (none, none)
+
+
+def _continue(loop, active, x, bufs, written):
+    active = jnp.logical_and(active, loop.cond(x, bufs))
+    if written is not None:
+        active = raise_violations(active, written[1])
+    return active
 
 
 def plain_sweep(loop, max_steps: int | None, checked: bool):
@@ -62,7 +72,7 @@ def plain_sweep(loop, max_steps: int | None, checked: bool):
         t, x, bufs, written, active = state
         new_x, bufs, written = advance(body, loop.layout, x, bufs, active, written)
         x = _slots.select(active, new_x, x)
-        return t + 1, x, bufs, written, jnp.logical_and(active, loop.cond(x, bufs))
+        return t + 1, x, bufs, written, _continue(loop, active, x, bufs, written)
 
     written = _masks(loop.layout) if checked else None
     active = jnp.asarray(loop.cond(loop.init, loop.bufs), bool)
@@ -120,7 +130,7 @@ def checkpointed_sweep(loop, max_steps: int | None, slots: int, checked: bool):
         new_x, bufs, written = advance(body, loop.layout, x, bufs, active, written)
         x = _slots.select(active, new_x, x)
         trips = trips + active.astype(jnp.int32)
-        active = jnp.logical_and(active, loop.cond(x, bufs))
+        active = _continue(loop, active, x, bufs, written)
         return t + 1, x, bufs, written, active, trips, storage, positions, cursor
 
     zero = jnp.array(0, jnp.int32)

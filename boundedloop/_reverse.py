@@ -13,6 +13,7 @@ end)` may use `slots - top` slots, its own start included.
 
 from collections.abc import Callable
 
+import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
@@ -44,6 +45,7 @@ def split_rule(slots: int, max_length: int) -> Callable:
 def reverse_sweep(
     step_fn: Callable,
     step_vjp: Callable,
+    apply_updates: Callable,
     tape: Tape,
     ct_final,
     ct_bufs,
@@ -56,8 +58,9 @@ def reverse_sweep(
     **Arguments:**
 
     - `step_fn`: `(x, bufs) -> x'`, one step of the loop.
-    - `step_vjp`: `(x, bufs, ct_x', ct_bufs, active) -> (ct_params, ct_x, ct_bufs)`,
-        its vector-Jacobian product (see `_step.make_step_vjp`).
+    - `step_vjp`: `(x, bufs, ct_x', ct_bufs, active) -> (ct_params, ct_x, updates)`,
+        its vector-Jacobian product, and `apply_updates(ct_bufs, updates, when)`
+        (see `_step.make_step_vjp`).
     - `tape`: the forward sweep's `Tape`.
     - `ct_final`, `ct_bufs`: the cotangents of the final carry and buffers.
     - `ct_params_zero`: zeros shaped like `ct_params`.
@@ -81,6 +84,10 @@ def reverse_sweep(
         return i, _slots.load(storage, order[top]), i + split(end - i, slots - top)
 
     i, x, target = top_segment(depth, order_pos, tape.storage, tape.length)
+    shapes = jax.eval_shape(
+        lambda: step_vjp(x, bufs, ct_final, ct_bufs, jnp.array(True))[2]
+    )
+    no_updates = jtu.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
     def cond(state):
         return state[1] > 0
@@ -92,21 +99,23 @@ def reverse_sweep(
         # pass anything but `ct` through
         active = i < tape.trips
 
-        def reverse(x, ct, ct_bufs, ct_params):
-            d_params, d_x, ct_bufs = step_vjp(x, bufs, ct, ct_bufs, active)
+        def reverse(x, ct, ct_params):
+            d_params, d_x, updates = step_vjp(x, bufs, ct, ct_bufs, active)
             ct_params = jtu.tree_map(
                 lambda acc, d: acc + jnp.where(active, d, jnp.zeros_like(d)),
                 ct_params,
                 d_params,
             )
-            return x, _slots.select(active, d_x, ct), ct_bufs, ct_params
+            return x, _slots.select(active, d_x, ct), ct_params, updates
 
-        def advance(x, ct, ct_bufs, ct_params):
-            return _slots.select(active, step_fn(x, bufs), x), ct, ct_bufs, ct_params
+        def advance(x, ct, ct_params):
+            x = _slots.select(active, step_fn(x, bufs), x)
+            return x, ct, ct_params, no_updates
 
-        x, ct, ct_bufs, ct_params = lax.cond(
-            turn, reverse, advance, x, ct, ct_bufs, ct_params
-        )
+        # the buffers' cotangents stay out of the cond (passing them through its
+        # branches would copy them every iteration); their updates come out instead
+        x, ct, ct_params, updates = lax.cond(turn, reverse, advance, x, ct, ct_params)
+        ct_bufs = apply_updates(ct_bufs, updates, turn)
         # after an advance: store the new state if it starts the next segment
         i_next = i + 1
         push = (~turn) & (i_next == target) & (i_next < end - 1)

@@ -32,14 +32,15 @@ def advance(body, layout, x, bufs, active, written=None):
 
 
 def make_step_vjp(body, layout, wanted):
-    """`step_vjp(x, bufs, ct_x', ct_bufs, active) -> (ct_body, ct_x, ct_bufs)`.
+    """`step_vjp(x, bufs, ct_x', ct_bufs, active) -> (ct_body, ct_x, updates)`.
 
     `ct_body` covers the leaves of `body` where `wanted` (bools shaped like `body`)
     is true, `ct_x` the floating leaves of `x`. Leaving the rest out matters: a weight
     matrix nobody asked about would otherwise get a full-size cotangent every step.
-    `ct_bufs` (floating buffers; `None` for others) is updated only at the locations
-    the step wrote (cleared: those values did not exist before) and read (added to),
-    and only where `active`.
+    `updates` says how the buffers' cotangents change, for `apply_updates`: cleared
+    where the step wrote (those values did not exist before) and added to where it
+    read. They are returned rather than applied so that the caller can apply them
+    outside any `lax.cond`, keeping the buffer-sized cotangents in place.
     """
     diff_body, static_body = eqx.partition(body, wanted)
     float_reads = [
@@ -65,23 +66,40 @@ def make_step_vjp(body, layout, wanted):
         _, pullback, (writes, reads) = jax.vjp(
             f, diff_body, diff_x, float_dummies, has_aux=True
         )
-        ct_bufs = list(ct_bufs)
-        ct_writes = []
+        ct_writes, cleared = [], []
         for leaf, (index, pred) in zip(layout.write_leaves, writes):
             if ct_bufs[leaf] is None:
                 ct_writes.append(None)
                 continue
             here = get(ct_bufs[leaf], index)
             ct_writes.append(jnp.where(pred, here, jnp.zeros_like(here)))
-            zeros = jnp.zeros_like(here)
-            ct_bufs[leaf] = put(ct_bufs[leaf], index, zeros, jnp.logical_and(pred, active))
+            cleared.append((index, jnp.logical_and(pred, active)))
         d_body, d_x, d_reads = pullback((ct, tuple(ct_writes)))
+        added = []
         for k, d in zip(float_reads, d_reads):
-            leaf, index = layout.read_leaves[k], reads[k]
-            if ct_bufs[leaf] is None:
-                continue
-            here = get(ct_bufs[leaf], index)
-            ct_bufs[leaf] = put(ct_bufs[leaf], index, here + d.astype(here.dtype), active)
-        return d_body, d_x, tuple(ct_bufs)
+            index, fresh = reads[k]
+            if ct_bufs[layout.read_leaves[k]] is not None:
+                added.append((index, jnp.logical_and(fresh, active), d))
+        return d_body, d_x, (tuple(cleared), tuple(added))
 
-    return step_vjp, jtu.tree_map(jnp.zeros_like, diff_body)
+    def apply_updates(ct_bufs, updates, when):
+        """`ct_bufs` after a step's `updates`, applied only where `when`."""
+        cleared, added = updates
+        ct_bufs = list(ct_bufs)
+        write_leaves = [w for w in layout.write_leaves if ct_bufs[w] is not None]
+        read_leaves = [
+            layout.read_leaves[k]
+            for k in float_reads
+            if ct_bufs[layout.read_leaves[k]] is not None
+        ]
+        for leaf, (index, live) in zip(write_leaves, cleared):
+            here = get(ct_bufs[leaf], index)
+            live = jnp.logical_and(live, when)
+            ct_bufs[leaf] = put(ct_bufs[leaf], index, jnp.zeros_like(here), live)
+        for leaf, (index, live, d) in zip(read_leaves, added):
+            here = get(ct_bufs[leaf], index)
+            live = jnp.logical_and(live, when)
+            ct_bufs[leaf] = put(ct_bufs[leaf], index, here + d.astype(here.dtype), live)
+        return tuple(ct_bufs)
+
+    return step_vjp, apply_updates, jtu.tree_map(jnp.zeros_like, diff_body)

@@ -1,0 +1,248 @@
+"""In-place buffers: values and gradients against a `lax.scan` that carries the
+array normally; vmap; the opt-in misuse check; no copies in the compiled loop."""
+
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import boundedloop as bl
+
+from .helpers import tree_allclose
+
+
+ROWS, WIDTH = 12, 3
+
+
+def step(x, row_prev, i, scale):
+    return jnp.sin(row_prev) * scale + 0.1 * x + 0.01 * i.astype(x.dtype)
+
+
+def make_body(scale, use_pred):
+    """Writes row `i` (skipping odd rows when `use_pred`), reading the last written
+    row: a trajectory buffer."""
+
+    def body(carry):
+        x, buf, last, i, n = carry
+        prev = jnp.where(last >= 0, buf[jnp.maximum(last, 0)], x)
+        new = step(x, prev, i, scale)
+        write = (i % 2 == 0) if use_pred else jnp.array(True)
+        buf = buf.at[i].set(new, pred=write)
+        last = jnp.where(write, i, last)
+        return x, buf, last, i + 1, n
+
+    return body
+
+
+def reference_body(scale, use_pred):
+    def body(carry):
+        x, buf, last, i, n = carry
+        prev = jnp.where(last >= 0, buf[jnp.maximum(last, 0)], x)
+        new = step(x, prev, i, scale)
+        write = (i % 2 == 0) if use_pred else jnp.array(True)
+        buf = buf.at[i].set(jnp.where(write, new, buf[i]))
+        last = jnp.where(write, i, last)
+        return x, buf, last, i + 1, n
+
+    return body
+
+
+def init(x, buf0, n):
+    return x, buf0, jnp.array(-1), jnp.array(0), jnp.asarray(n, jnp.int32)
+
+
+def cond(carry):
+    return carry[3] < carry[4]
+
+
+@functools.lru_cache(maxsize=None)
+def ours(max_steps, checkpoints, use_pred):
+    def loss(x, buf0, scale, n):
+        out = bl.while_loop(
+            cond,
+            make_body(scale, use_pred),
+            init(x, buf0, n),
+            max_steps=max_steps,
+            checkpoints=checkpoints,
+            buffers=lambda c: c[1],
+        )
+        return jnp.sum(out[1] ** 2) + jnp.sum(out[1][0] * x), out[1]
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
+
+
+def reference(x, buf0, scale, trips, use_pred):
+    def loss(x, buf0, scale):
+        body = reference_body(scale, use_pred)
+        out = lax.scan(lambda c, _: (body(c), None), init(x, buf0, 0), length=trips)[0]
+        return jnp.sum(out[1] ** 2) + jnp.sum(out[1][0] * x), out[1]
+
+    return jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(x, buf0, scale)
+
+
+X = jnp.array([0.3, -0.5, 0.9])
+BUF0 = jnp.linspace(-1.0, 1.0, ROWS * WIDTH).reshape(ROWS, WIDTH)
+SCALE = jnp.array(1.3)
+
+
+@pytest.mark.parametrize("checkpoints", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("use_pred", [False, True])
+def test_values_and_gradients_match_scan(checkpoints, use_pred):
+    f = ours(ROWS, checkpoints, use_pred)
+    for n in [0, 1, 2, 5, 9, 12]:
+        (value, buf), grads = f(X, BUF0, SCALE, n)
+        (value_r, buf_r), grads_r = reference(X, BUF0, SCALE, n, use_pred)
+        assert tree_allclose(buf, buf_r)
+        assert tree_allclose(value, value_r)
+        assert tree_allclose(grads, grads_r), (n, checkpoints)
+
+
+def test_vmap_batched_buffers_indices_and_pred():
+    f = ours(ROWS, 3, True)
+    ns = jnp.array([0, 4, 11, 7])
+    xs = jnp.stack([X * s for s in [1.0, -0.7, 0.4, 1.5]])
+    bufs = jnp.stack([BUF0 * s for s in [1.0, 0.5, -1.0, 2.0]])
+    (values, out_bufs), grads = jax.vmap(f, in_axes=(0, 0, None, 0))(xs, bufs, SCALE, ns)
+    for b in range(4):
+        (v, buf), g = reference(xs[b], bufs[b], SCALE, int(ns[b]), True)
+        assert tree_allclose(out_bufs[b], buf)
+        assert tree_allclose((grads[0][b], grads[1][b], grads[2][b]), g)
+
+
+def test_forward_matches_lax_while_loop_bitwise():
+    body = make_body(SCALE, True)
+    got = bl.while_loop(cond, body, init(X, BUF0, 9), max_steps=ROWS, buffers=lambda c: c[1])
+    expected = lax.while_loop(cond, reference_body(SCALE, True), init(X, BUF0, 9))
+    assert all(np.array_equal(a, b) for a, b in zip(got, expected))
+
+
+def test_several_buffers_and_integer_buffer():
+    def body(c):
+        i, floats, ints = c
+        floats = floats.at[i].set(jnp.cos(i.astype(jnp.float32)) * c[1][jnp.maximum(i - 1, 0)] * 0 + 1.5 * i.astype(jnp.float32))
+        ints = ints.at[i].set(i * 2)
+        return i + 1, floats, ints
+
+    out = bl.while_loop(
+        lambda c: c[0] < 4,
+        body,
+        (jnp.array(0), jnp.zeros(6), jnp.zeros(6, jnp.int32)),
+        max_steps=6,
+        buffers=lambda c: (c[1], c[2]),
+    )
+    assert np.array_equal(out[2], [0, 2, 4, 6, 0, 0])
+    assert np.allclose(out[1], [0, 1.5, 3.0, 4.5, 0, 0])
+
+
+def test_buffer_errors():
+    with pytest.raises(TypeError, match="array of the carry"):
+        bl.while_loop(cond, make_body(SCALE, False), init(X, BUF0, 3), max_steps=4, buffers=lambda c: 3.0)
+    with pytest.raises(TypeError, match="at least one axis"):
+        bl.while_loop(cond, make_body(SCALE, False), init(X, BUF0, 3), max_steps=4, buffers=lambda c: c[3])
+    with pytest.raises(TypeError, match="scalar integers"):
+        bl.while_loop(
+            lambda c: c[1] < 2,
+            lambda c: (c[0].at[0.5].set(1.0), c[1] + 1),
+            (jnp.zeros(3), 0),
+            max_steps=3,
+            buffers=lambda c: c[0],
+        )
+
+
+def read_after_write(c):
+    """Writes row i, then reads it back in the same step."""
+    x, buf, i = c
+    buf = buf.at[i].set(jnp.sin(x) * 1.5)
+    return jnp.cos(buf[i]) + x * 0.5, buf, i + 1
+
+
+@pytest.mark.parametrize("checkpoints", [1, 3, 12])
+def test_read_after_write_in_one_step(checkpoints):
+    def loss(x, body_fn, **kw):
+        out = body_fn((x, jnp.zeros((ROWS, WIDTH)), 0))
+        return jnp.sum(out[0]) + jnp.sum(out[1] ** 2)
+
+    def ours(x):
+        out = bl.while_loop(lambda c: c[2] < 7, read_after_write, (x, jnp.zeros((ROWS, WIDTH)), 0),
+                            max_steps=ROWS, checkpoints=checkpoints, buffers=lambda c: c[1])
+        return jnp.sum(out[0]) + jnp.sum(out[1] ** 2)
+
+    def ref(x):
+        out = lax.scan(lambda c, _: (read_after_write(c), None), (x, jnp.zeros((ROWS, WIDTH)), 0), length=7)[0]
+        return jnp.sum(out[0]) + jnp.sum(out[1] ** 2)
+
+    assert tree_allclose(jax.grad(ours)(X), jax.grad(ref)(X))
+
+
+def test_misuse_check_catches_double_write_and_unwritten_read():
+    def double_write(c):
+        buf, i = c
+        return buf.at[0].set(1.0), i + 1
+
+    def unwritten_read(c):
+        buf, i = c
+        return buf.at[i].set(buf[i + 1] + 1.0), i + 1
+
+    def make_run(body):
+        def run(x):
+            return bl.while_loop(lambda c: c[1] < 3, body, (x, 0), max_steps=4, checkpoints=2, buffers=lambda c: c[0])[0]
+
+        return run
+
+    for body in [double_write, unwritten_read]:
+        # off by default: no error, no cost
+        jax.jit(make_run(body))(jnp.zeros(5))
+        # the flag is read when a loop is traced, so trace afresh inside the block
+        run = make_run(body)
+        with bl.buffer_checks():
+            with pytest.raises(Exception, match="written twice|not been written"):
+                jax.block_until_ready(jax.jit(run)(jnp.zeros(5)))
+            with pytest.raises(Exception, match="written twice|not been written"):
+                jax.block_until_ready(jax.jit(jax.grad(lambda x: jnp.sum(run(x))))(jnp.zeros(5)))
+
+    # a correct loop passes the check, forward and gradient
+    def good(x):
+        return bl.while_loop(lambda c: c[2] < 9, read_after_write, (x, jnp.zeros((ROWS, WIDTH)), 0),
+                             max_steps=ROWS, checkpoints=3, buffers=lambda c: c[1])[1]
+
+    with bl.buffer_checks():
+        jax.block_until_ready(jax.jit(jax.grad(lambda x: jnp.sum(good(x))))(X))
+
+
+def _while_bodies(hlo: str):
+    """The text of every computation called as a while body."""
+    names = set(re.findall(r"body=%?([\w.\-]+)", hlo))
+    blocks = re.split(r"\n(?=\S)", hlo)
+    return [b for b in blocks if any(re.match(rf"%?{re.escape(n)}\b", b) for n in names)]
+
+
+def test_no_copy_of_the_buffer_inside_the_compiled_loops():
+    rows, width = 64, 256
+
+    def loss(x):
+        def body(c):
+            v, buf, i = c
+            v = jnp.tanh(v * 1.1)
+            return v, buf.at[i].set(v), i + 1
+
+        out = bl.while_loop(
+            lambda c: c[2] < 40,
+            body,
+            (x, jnp.zeros((rows, width)), 0),
+            max_steps=rows,
+            checkpoints=4,
+            buffers=lambda c: c[1],
+        )
+        return jnp.sum(out[1] ** 2)
+
+    hlo = jax.jit(jax.grad(loss)).lower(jnp.ones(width)).compile().as_text()
+    bodies = _while_bodies(hlo)
+    assert bodies
+    shape = f"f32[{rows},{width}]"
+    for b in bodies:
+        copies = [line for line in b.splitlines() if " copy(" in line and shape in line.split("=")[1][:40]]
+        assert not copies, copies
