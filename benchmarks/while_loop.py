@@ -31,6 +31,7 @@ from _common import (
 
 
 TRIPS = 8
+MEMORY_BUDGET = 8 * 2**30  # bytes of compiled temporaries we are willing to run
 
 
 def loop_fn(kind, max_steps, checkpoints):
@@ -81,8 +82,12 @@ def measure(kind, max_steps, checkpoints, weights, x, quick, forward_only=False)
         return row
     ct, compiled = compile_time(grad_x, weights, x)
     row["grad_compile_s"] = ct
-    row["grad_x_s"] = median_time(compiled, weights, x, reps=reps)
     row["grad_temp_bytes"] = temp_bytes(compiled)
+    if row["grad_temp_bytes"] > MEMORY_BUDGET:
+        # compiled, but running it would exhaust this machine's memory
+        row.update(grad_x_s=None, grad_w_s=None, body_evals_per_grad=None)
+        return row
+    row["grad_x_s"] = median_time(compiled, weights, x, reps=reps)
     _, compiled_w = compile_time(grad_w, weights, x)
     row["grad_w_s"] = median_time(compiled_w, weights, x, reps=reps)
     counter = EvalCounter()
@@ -127,6 +132,9 @@ def main():
             row = measure(kind, m, args.checkpoints, weights, x, args.quick)
             rows.append(row)
             print(kind, m, {k: v for k, v in row.items() if k not in ("kind", "max_steps")}, flush=True)
+    def ratio(a, b):
+        return "OOM" if a is None or b is None else round(a / b, 3)
+
     summary = []
     for kind in kinds:
         mine = [r for r in rows if r["kind"] == kind]
@@ -134,12 +142,12 @@ def main():
         summary.append(
             {
                 "kind": kind,
-                "grad_last_over_first": round(last["grad_x_s"] / first["grad_x_s"], 3),
-                "grad_over_ideal_first": round(first["grad_x_s"] / ideal["grad_x_s"], 3),
-                "grad_over_ideal_last": round(last["grad_x_s"] / ideal["grad_x_s"], 3),
-                "gradw_over_ideal_last": round(last["grad_w_s"] / ideal["grad_w_s"], 3),
-                "forward_over_while_last": round(last["forward_s"] / plain["forward_s"], 3),
-                "compile_last_over_first": round(last["grad_compile_s"] / first["grad_compile_s"], 3),
+                "grad_last_over_first": ratio(last["grad_x_s"], first["grad_x_s"]),
+                "grad_over_ideal_first": ratio(first["grad_x_s"], ideal["grad_x_s"]),
+                "grad_over_ideal_last": ratio(last["grad_x_s"], ideal["grad_x_s"]),
+                "gradw_over_ideal_last": ratio(last["grad_w_s"], ideal["grad_w_s"]),
+                "forward_over_while_last": ratio(last["forward_s"], plain["forward_s"]),
+                "compile_last_over_first": ratio(last["grad_compile_s"], first["grad_compile_s"]),
                 "temp_bytes": " / ".join(str(r["grad_temp_bytes"]) for r in mine),
                 "evals": " / ".join(str(r["body_evals_per_grad"]) for r in mine),
             }

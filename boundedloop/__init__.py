@@ -1,6 +1,6 @@
 """boundedloop: bounded, checkpointed, reverse-mode differentiable loops for JAX."""
 
-import importlib.metadata
+import importlib.metadata as _metadata
 
 from equinox import (
     filter_grad as filter_grad,
@@ -11,10 +11,11 @@ from equinox import (
 
 from ._buffers import Buffer as Buffer, buffer_checks as buffer_checks
 from ._module import Loop as Loop, LoopModule as LoopModule
+from ._scan import fori_loop as fori_loop, scan as scan
 from ._while_loop import while_loop as while_loop
 
 
 try:
-    __version__ = importlib.metadata.version("boundedloop")
-except importlib.metadata.PackageNotFoundError:  # running from a source tree
+    __version__ = _metadata.version("boundedloop")
+except _metadata.PackageNotFoundError:  # running from a source tree
     __version__ = "0.0.0"

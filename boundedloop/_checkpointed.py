@@ -23,6 +23,8 @@ class LoopConfig(eqx.Module):
     max_steps: int | None = eqx.field(static=True)
     checkpoints: int = eqx.field(static=True)
     layout: Layout = eqx.field(static=True)
+    # the loop always takes `max_steps` steps (a scan): plan checkpoints offline
+    known_length: bool = eqx.field(static=True, default=False)
 
 
 def _loop(diff, nondiff, config):
@@ -44,7 +46,9 @@ def _loop_fwd(perturbed, diff, nondiff, config: LoopConfig):
     del perturbed
     loop = _loop(diff, nondiff, config)
     checked = loop.checked_body is not None
-    return checkpointed_sweep(loop, config.max_steps, config.checkpoints, checked)
+    return checkpointed_sweep(
+        loop, config.max_steps, config.checkpoints, checked, config.known_length
+    )
 
 
 def _zeros_where_none(ct, like):

@@ -17,7 +17,7 @@ from jaxtyping import Array, Int, PyTree
 
 from . import _slots
 from ._buffers import raise_violations
-from ._schedule import online_actions
+from ._schedule import offline_placement, online_actions
 from ._step import advance
 from ._unbatched import any_across_batch
 
@@ -91,18 +91,29 @@ class Tape(NamedTuple):
     bufs: tuple  # the final buffers: every value ever written
 
 
-def store_plan(slots: int, max_steps: int | None) -> tuple[np.ndarray, np.ndarray] | None:
+def store_plan(
+    slots: int, max_steps: int | None, known_length: bool = False
+) -> tuple[np.ndarray, np.ndarray] | None:
     """The (step, slot) stores of the forward sweep, `x_0` in slot 0 first and a
-    sentinel last; `None` when every step is stored (`slots >= max_steps`)."""
+    sentinel last; `None` when every step is stored (`slots >= max_steps`).
+
+    With `known_length` the loop always takes `max_steps` steps (a scan), so the
+    placement is planned offline for exactly that length."""
     if max_steps is not None and slots >= max_steps:
         return None
-    steps, slot_ids = online_actions(slots, PLANNING_HORIZON)
+    if known_length:
+        positions = offline_placement(max_steps, slots)[1:]
+        steps, slot_ids = np.asarray(positions), np.arange(1, len(positions) + 1)
+    else:
+        steps, slot_ids = online_actions(slots, PLANNING_HORIZON)
     steps = np.concatenate([[0], steps, [np.iinfo(np.int32).max]]).astype(np.int32)
     slot_ids = np.concatenate([[0], slot_ids, [0]]).astype(np.int32)
     return steps, slot_ids
 
 
-def checkpointed_sweep(loop, max_steps: int | None, slots: int, checked: bool):
+def checkpointed_sweep(
+    loop, max_steps: int | None, slots: int, checked: bool, known_length: bool = False
+):
     """The forward sweep of a differentiated loop.
 
     **Returns:**
@@ -110,7 +121,7 @@ def checkpointed_sweep(loop, max_steps: int | None, slots: int, checked: bool):
     `((x, bufs), tape)`: the final arrays (equal to `plain_sweep`'s) and the `Tape`.
     """
     body = loop.checked_body if checked else loop.body
-    plan = store_plan(slots, max_steps)
+    plan = store_plan(slots, max_steps, known_length)
     if plan is not None:
         plan_steps, plan_slots = map(jnp.asarray, plan)
 

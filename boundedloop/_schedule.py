@@ -220,6 +220,21 @@ def forward_placement(n: int, slots: int) -> list[int]:
     return sorted(held.values())
 
 
+def offline_placement(n: int, slots: int) -> list[int]:
+    """The placement for a loop whose trip count `n` is known in advance: the first
+    sweep of the binomial schedule (store at `revolve_split` of what is left, one
+    slot fewer each time). It attains `optimal_placement_costs` (tested)."""
+    positions, p, k = [0], 0, slots
+    while k > 1 and n - p > 1:
+        m = revolve_split(n - p, k)
+        if p + m >= n:
+            break
+        p += m
+        positions.append(p)
+        k -= 1
+    return positions
+
+
 def reverse_events(positions, n: int, slots: int) -> list[tuple[str, int]]:
     """Reference simulator of the reverse sweep.
 

@@ -61,7 +61,11 @@ def while_loop(
         cost memory and save recomputation: with `c` checkpoints an `n`-step
         gradient makes about `2n + r n` body evaluations, where `r` is the
         smallest integer with `binomial(c + r, r) >= n`.
-    - `buffers`: reserved for in-place buffers; not yet supported.
+    - `buffers`: optional, a function `carry -> node or sequence of nodes of the
+        carry`. Every array leaf under those nodes is a [`bl.Buffer`][boundedloop.Buffer]
+        inside `body_fun`: `buf[i]` reads, `buf.at[i].set(x, pred=p)` writes in
+        place. Buffers are never checkpointed. Each location may be written at most
+        once, and only written locations may be read (see `bl.buffer_checks`).
 
     **Returns:**
 
@@ -73,7 +77,29 @@ def while_loop(
         over. Arrays `cond_fun` closes over receive no gradient (the predicate is
         piecewise constant).
     """
-    name = "bl.while_loop"
+    return run_loop(
+        cond_fun,
+        body_fun,
+        init_val,
+        max_steps=max_steps,
+        checkpoints=checkpoints,
+        buffers=buffers,
+        name="bl.while_loop",
+    )
+
+
+def run_loop(
+    cond_fun,
+    body_fun,
+    init_val,
+    *,
+    max_steps,
+    checkpoints,
+    buffers,
+    name: str,
+    known_length: bool = False,
+):
+    """`while_loop`, and the machinery `scan` shares: validate, trace, run."""
     max_steps = check_max_steps(max_steps, name)
     checkpoints = check_checkpoints(checkpoints, max_steps, name)
     if buffers is not None and not callable(buffers):
@@ -84,7 +110,7 @@ def while_loop(
     loop = trace_loop(cond_fun, body_fun, init_val, buffers, name)
     if max_steps == 0:
         return loop.finish(loop.init, loop.bufs)
-    config = LoopConfig(max_steps, checkpoints, loop.layout)
+    config = LoopConfig(max_steps, checkpoints, loop.layout, known_length)
     x, bufs = checkpointed_loop(
         (loop.body, loop.init, loop.bufs), (loop.cond, loop.checked_body), config
     )

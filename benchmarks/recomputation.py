@@ -1,0 +1,79 @@
+"""Body evaluations in one gradient: ours, equinox's checkpointed loop, and the
+optimum for this setting (the forward sweep finishes before the backward starts,
+the trip count unknown to it; the optimum places the checkpoints with hindsight and
+reverses each segment they form by the binomial schedule).
+
+    python benchmarks/recomputation.py [--quick] [--out benchmarks/results/recomputation.json]
+
+Counts are measured in the compiled programs with `jax.debug.callback`.
+"""
+
+import argparse
+import json
+import pathlib
+
+import equinox.internal as eqxi
+import jax
+import jax.numpy as jnp
+
+import boundedloop as bl
+from boundedloop._schedule import gradient_body_evaluations, optimal_placement_costs
+
+from _common import EvalCounter
+
+
+def count(kind, n, c):
+    counter = EvalCounter()
+
+    def body(carry):
+        x, i = carry
+        counter(i)
+        return jnp.sin(x) * 0.9 + 0.1, i + 1
+
+    def loss(x):
+        cond = lambda carry: carry[1] < n  # noqa: E731
+        init = (x, jnp.array(0))
+        if kind == "boundedloop":
+            out = bl.while_loop(cond, body, init, max_steps=n, checkpoints=c)
+        else:
+            out = eqxi.while_loop(cond, body, init, max_steps=n, kind="checkpointed", checkpoints=c)
+        return out[0]
+
+    jax.block_until_ready(jax.jit(jax.grad(loss))(0.3))
+    return counter.count
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", default="benchmarks/results/recomputation.json")
+    args = parser.parse_args()
+    ns = [10, 100] if args.quick else [10, 100, 1000, 10000]
+    cs = [2, 4, 8, 16]
+    rows = []
+    for c in cs:
+        best = optimal_placement_costs(max(ns), c)
+        for n in ns:
+            optimum = int(2 * n + best[n])
+            ours = count("boundedloop", n, c)
+            assert ours == gradient_body_evaluations(n, c)
+            theirs = count("equinox", n, c)
+            rows.append(
+                {"n": n, "c": c, "optimum": optimum, "boundedloop": ours, "equinox": theirs,
+                 "ours_over_optimum": round(ours / optimum, 4),
+                 "equinox_over_optimum": round(theirs / optimum, 4)}
+            )
+            print(rows[-1], flush=True)
+    print()
+    print("| n | c | optimum | boundedloop | ratio | equinox checkpointed | ratio |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for r in sorted(rows, key=lambda r: (r["n"], r["c"])):
+        print(f"| {r['n']} | {r['c']} | {r['optimum']} | {r['boundedloop']} | "
+              f"{r['ours_over_optimum']:.3f} | {r['equinox']} | {r['equinox_over_optimum']:.3f} |")
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
