@@ -23,7 +23,9 @@ def nested_scan_loop(cond_fun, body_fun, init, max_steps, base=2):
             return lax.cond(cond_fun(val), body_fun, lambda v: v, val)
 
         def step(v, _):
-            return lax.cond(cond_fun(v), lambda v: run(level - 1, v), lambda v: v, v), None
+            return lax.cond(
+                cond_fun(v), lambda v: run(level - 1, v), lambda v: v, v
+            ), None
 
         return lax.scan(step, val, length=base)[0]
 

@@ -9,12 +9,10 @@ import argparse
 import json
 import pathlib
 
+import boundedloop as bl
 import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
-
-import boundedloop as bl
-
 from _common import compile_time, median_time, temp_bytes
 
 
@@ -35,10 +33,24 @@ def make(kind, rows):
         cond = lambda c: c[2] < rows  # noqa: E731
         buffers = (lambda c: c[1]) if use_buffers else None
         if kind.startswith("boundedloop"):
-            out = bl.while_loop(cond, body, init, max_steps=rows, checkpoints=CHECKPOINTS, buffers=buffers)
+            out = bl.while_loop(
+                cond,
+                body,
+                init,
+                max_steps=rows,
+                checkpoints=CHECKPOINTS,
+                buffers=buffers,
+            )
         else:
-            out = eqxi.while_loop(cond, body, init, max_steps=rows, kind="checkpointed",
-                                  checkpoints=CHECKPOINTS, buffers=buffers)
+            out = eqxi.while_loop(
+                cond,
+                body,
+                init,
+                max_steps=rows,
+                kind="checkpointed",
+                checkpoints=CHECKPOINTS,
+                buffers=buffers,
+            )
         return jnp.sum(out[1] ** 2)
 
     return jax.grad(loss, argnums=(0, 1))
@@ -50,29 +62,48 @@ def main():
     parser.add_argument("--out", default="benchmarks/results/buffers.json")
     args = parser.parse_args()
     sizes = [256, 1024] if args.quick else [256, 1024, 4096]
-    kinds = ["boundedloop buffers", "boundedloop carried", "equinox buffers", "equinox carried"]
+    kinds = [
+        "boundedloop buffers",
+        "boundedloop carried",
+        "equinox buffers",
+        "equinox carried",
+    ]
     scale, v0 = jnp.array(1.1), jnp.linspace(-1.0, 1.0, WIDTH)
     rows_out = []
     for kind in kinds:
         for m in sizes:
             _, compiled = compile_time(make(kind, m), scale, v0)
             t = median_time(compiled, scale, v0, reps=3, min_time=0.2)
-            row = {"kind": kind, "rows": m, "grad_s": t, "per_step_us": t / m * 1e6,
-                   "temp_bytes": temp_bytes(compiled), "buffer_bytes": m * WIDTH * 4}
+            row = {
+                "kind": kind,
+                "rows": m,
+                "grad_s": t,
+                "per_step_us": t / m * 1e6,
+                "temp_bytes": temp_bytes(compiled),
+                "buffer_bytes": m * WIDTH * 4,
+            }
             rows_out.append(row)
             print(row, flush=True)
     print()
-    print(f"Gradient of an M-step loop writing one row of an (M, {WIDTH}) float32 buffer "
-          f"per step, checkpoints={CHECKPOINTS}; ratios within this run.")
+    print(
+        f"Gradient of an M-step loop writing one row of an (M, {WIDTH}) float32 buffer "
+        f"per step, checkpoints={CHECKPOINTS}; ratios within this run."
+    )
     print()
-    print("| loop | " + " | ".join(f"us/step M={m}" for m in sizes)
-          + f" | per-step {sizes[-1]}/{sizes[0]} | temp memory / buffer size at M={sizes[-1]} |")
+    print(
+        "| loop | "
+        + " | ".join(f"us/step M={m}" for m in sizes)
+        + f" | per-step {sizes[-1]}/{sizes[0]} | temp memory / buffer size at M={sizes[-1]} |"
+    )
     print("|---|" + "---:|" * (len(sizes) + 2))
     for kind in kinds:
         mine = [r for r in rows_out if r["kind"] == kind]
         per = [r["per_step_us"] for r in mine]
-        print(f"| {kind} | " + " | ".join(f"{p:.1f}" for p in per)
-              + f" | {per[-1] / per[0]:.2f} | {mine[-1]['temp_bytes'] / mine[-1]['buffer_bytes']:.2f} |")
+        print(
+            f"| {kind} | "
+            + " | ".join(f"{p:.1f}" for p in per)
+            + f" | {per[-1] / per[0]:.2f} | {mine[-1]['temp_bytes'] / mine[-1]['buffer_bytes']:.2f} |"
+        )
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows_out, indent=1))

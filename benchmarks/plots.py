@@ -11,9 +11,9 @@ import pathlib
 
 import matplotlib
 
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-
 from boundedloop._schedule import forward_placement, reverse_events  # noqa: E402
 
 
@@ -24,13 +24,32 @@ IMAGES = pathlib.Path("docs/images")
 def gradient_time():
     data = json.loads((RESULTS / "while_loop.json").read_text())
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    kinds = sorted({r["kind"] for r in data["rows"]}, key=[r["kind"] for r in data["rows"]].index)
+    kinds = sorted(
+        {r["kind"] for r in data["rows"]}, key=[r["kind"] for r in data["rows"]].index
+    )
     for kind in kinds:
-        rows = [r for r in data["rows"] if r["kind"] == kind and r["grad_x_s"] is not None]
-        ax.plot([r["max_steps"] for r in rows], [r["grad_x_s"] * 1e3 for r in rows], "o-", label=kind)
-    ax.axhline(data["ideal"]["grad_x_s"] * 1e3, color="k", ls="--", label="lax.scan over the 8 steps (ideal)")
-    ax.set(xscale="log", yscale="log", xlabel="max_steps (the loop always takes 8 steps)",
-           ylabel="gradient time (ms)", title="Adaptive MLP: gradient time against max_steps")
+        rows = [
+            r for r in data["rows"] if r["kind"] == kind and r["grad_x_s"] is not None
+        ]
+        ax.plot(
+            [r["max_steps"] for r in rows],
+            [r["grad_x_s"] * 1e3 for r in rows],
+            "o-",
+            label=kind,
+        )
+    ax.axhline(
+        data["ideal"]["grad_x_s"] * 1e3,
+        color="k",
+        ls="--",
+        label="lax.scan over the 8 steps (ideal)",
+    )
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="max_steps (the loop always takes 8 steps)",
+        ylabel="gradient time (ms)",
+        title="Adaptive MLP: gradient time against max_steps",
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(IMAGES / "gradient_time.png", dpi=120)
@@ -45,7 +64,13 @@ def recomputation():
         ns = [r["n"] for r in mine]
         ax.plot(ns, [r["optimum"] for r in mine], "k--", label="optimum")
         ax.plot(ns, [r["boundedloop"] for r in mine], "o-", label="boundedloop")
-        ax.plot(ns, [r["equinox"] for r in mine], "s-", label="equinox checkpointed")
+        eq = [r for r in mine if r["equinox"] is not None]
+        ax.plot(
+            [r["n"] for r in eq],
+            [r["equinox"] for r in eq],
+            "s-",
+            label="equinox checkpointed",
+        )
         ax.set(xscale="log", yscale="log", xlabel="steps n", title=f"checkpoints = {c}")
     axes[0].set_ylabel("body evaluations per gradient")
     axes[0].legend(fontsize=8)
@@ -54,7 +79,9 @@ def recomputation():
 
 
 def schedule(n=40, slots=4):
-    events = [("forward", i) for i in range(n)] + reverse_events(forward_placement(n, slots), n, slots)
+    events = [("forward", i) for i in range(n)] + reverse_events(
+        forward_placement(n, slots), n, slots
+    )
     colours = {"forward": "k", "advance": "tab:blue", "reverse": "tab:red"}
     fig, ax = plt.subplots(figsize=(6, 7))
     for t, (kind, i) in enumerate(events):
@@ -62,9 +89,12 @@ def schedule(n=40, slots=4):
     for p in forward_placement(n, slots):
         ax.axvline(p, color="0.8", lw=0.8, zorder=0)
     ax.invert_yaxis()
-    ax.set(xlabel="step index", ylabel="body evaluation (time)",
-           title=f"One gradient, n = {n} steps, {slots} checkpoint slots\n"
-                 "black: forward, blue: recomputation, red: reversed; grey: checkpoints")
+    ax.set(
+        xlabel="step index",
+        ylabel="body evaluation (time)",
+        title=f"One gradient, n = {n} steps, {slots} checkpoint slots\n"
+        "black: forward, blue: recomputation, red: reversed; grey: checkpoints",
+    )
     fig.tight_layout()
     fig.savefig(IMAGES / "schedule.png", dpi=120)
 

@@ -12,14 +12,12 @@ import argparse
 import json
 import pathlib
 
+import boundedloop as bl
 import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
-
-import boundedloop as bl
-from boundedloop._schedule import gradient_body_evaluations, optimal_placement_costs
-
 from _common import EvalCounter
+from boundedloop._schedule import gradient_body_evaluations, optimal_placement_costs
 
 
 def count(kind, n, c):
@@ -36,7 +34,9 @@ def count(kind, n, c):
         if kind == "boundedloop":
             out = bl.while_loop(cond, body, init, max_steps=n, checkpoints=c)
         else:
-            out = eqxi.while_loop(cond, body, init, max_steps=n, kind="checkpointed", checkpoints=c)
+            out = eqxi.while_loop(
+                cond, body, init, max_steps=n, kind="checkpointed", checkpoints=c
+            )
         return out[0]
 
     jax.block_until_ready(jax.jit(jax.grad(loss))(0.3))
@@ -57,19 +57,36 @@ def main():
             optimum = int(2 * n + best[n])
             ours = count("boundedloop", n, c)
             assert ours == gradient_body_evaluations(n, c)
-            theirs = count("equinox", n, c)
+            # counting by callback is slow; equinox's c=2 loop at n=10000 makes tens
+            # of millions of evaluations, so it is left out
+            theirs = None if (c == 2 and n >= 10000) else count("equinox", n, c)
             rows.append(
-                {"n": n, "c": c, "optimum": optimum, "boundedloop": ours, "equinox": theirs,
-                 "ours_over_optimum": round(ours / optimum, 4),
-                 "equinox_over_optimum": round(theirs / optimum, 4)}
+                {
+                    "n": n,
+                    "c": c,
+                    "optimum": optimum,
+                    "boundedloop": ours,
+                    "equinox": theirs,
+                    "ours_over_optimum": round(ours / optimum, 4),
+                    "equinox_over_optimum": None
+                    if theirs is None
+                    else round(theirs / optimum, 4),
+                }
             )
             print(rows[-1], flush=True)
     print()
     print("| n | c | optimum | boundedloop | ratio | equinox checkpointed | ratio |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for r in sorted(rows, key=lambda r: (r["n"], r["c"])):
-        print(f"| {r['n']} | {r['c']} | {r['optimum']} | {r['boundedloop']} | "
-              f"{r['ours_over_optimum']:.3f} | {r['equinox']} | {r['equinox_over_optimum']:.3f} |")
+        theirs = (
+            "not run"
+            if r["equinox"] is None
+            else f"{r['equinox']} | {r['equinox_over_optimum']:.3f}"
+        )
+        print(
+            f"| {r['n']} | {r['c']} | {r['optimum']} | {r['boundedloop']} | "
+            f"{r['ours_over_optimum']:.3f} | {theirs} |"
+        )
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows, indent=1))

@@ -10,24 +10,23 @@ import argparse
 import json
 import pathlib
 import platform
+import statistics
+import time
 
+import boundedloop as bl
 import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
-from jax import lax
-
-import boundedloop as bl
-
 from _common import (
-    EvalCounter,
     compile_time,
+    EvalCounter,
     fori_cond_loop,
-    median_time,
     mlp,
     mlp_weights,
     nested_scan_loop,
     temp_bytes,
 )
+from jax import lax
 
 
 TRIPS = 8
@@ -37,7 +36,9 @@ MEMORY_BUDGET = 8 * 2**30  # bytes of compiled temporaries we are willing to run
 def loop_fn(kind, max_steps, checkpoints):
     """`(cond, body, init) -> final` for each implementation."""
     if kind == "boundedloop":
-        return lambda c, b, i: bl.while_loop(c, b, i, max_steps=max_steps, checkpoints=checkpoints)
+        return lambda c, b, i: bl.while_loop(
+            c, b, i, max_steps=max_steps, checkpoints=checkpoints
+        )
     if kind == "boundedloop (default checkpoints)":
         return lambda c, b, i: bl.while_loop(c, b, i, max_steps=max_steps)
     if kind == "equinox checkpointed":
@@ -45,7 +46,9 @@ def loop_fn(kind, max_steps, checkpoints):
             c, b, i, max_steps=max_steps, kind="checkpointed", checkpoints=checkpoints
         )
     if kind == "equinox bounded":
-        return lambda c, b, i: eqxi.while_loop(c, b, i, max_steps=max_steps, kind="bounded")
+        return lambda c, b, i: eqxi.while_loop(
+            c, b, i, max_steps=max_steps, kind="bounded"
+        )
     if kind == "nested scan+cond":
         return lambda c, b, i: nested_scan_loop(c, b, i, max_steps)
     if kind == "fori_loop+cond":
@@ -72,32 +75,53 @@ def make(kind, max_steps, checkpoints, counter=None):
     return forward, jax.grad(forward, argnums=1), jax.grad(forward, argnums=0)
 
 
-def measure(kind, max_steps, checkpoints, weights, x, quick, forward_only=False):
-    reps = 2 if quick else 7
+def prepare(kind, max_steps, checkpoints, weights, x, forward_only=False):
+    """Compile everything for one (implementation, max_steps); count evaluations."""
     forward, grad_x, grad_w = make(kind, max_steps, checkpoints)
     row = {"kind": kind, "max_steps": max_steps}
-    _, compiled_fwd = compile_time(forward, weights, x)
-    row["forward_s"] = median_time(compiled_fwd, weights, x, reps=reps)
-    if forward_only:
-        return row
-    ct, compiled = compile_time(grad_x, weights, x)
-    row["grad_compile_s"] = ct
-    row["grad_temp_bytes"] = temp_bytes(compiled)
-    if row["grad_temp_bytes"] > MEMORY_BUDGET:
-        # compiled, but running it would exhaust this machine's memory
-        row.update(grad_x_s=None, grad_w_s=None, body_evals_per_grad=None)
-        return row
-    row["grad_x_s"] = median_time(compiled, weights, x, reps=reps)
-    _, compiled_w = compile_time(grad_w, weights, x)
-    row["grad_w_s"] = median_time(compiled_w, weights, x, reps=reps)
-    counter = EvalCounter()
-    _, counted, _ = make(kind, max_steps, checkpoints, counter)
-    counted = jax.jit(counted)
-    jax.block_until_ready(counted(weights, x))
-    counter.count = 0
-    jax.block_until_ready(counted(weights, x))
-    row["body_evals_per_grad"] = counter.count
-    return row
+    _, compiled = compile_time(forward, weights, x)
+    fns = {"forward_s": compiled}
+    if not forward_only:
+        ct, compiled = compile_time(grad_x, weights, x)
+        row["grad_compile_s"] = ct
+        row["grad_temp_bytes"] = temp_bytes(compiled)
+        if row["grad_temp_bytes"] > MEMORY_BUDGET:
+            # compiled, but running it would exhaust this machine's memory
+            row.update(grad_x_s=None, grad_w_s=None, body_evals_per_grad=None)
+        else:
+            fns["grad_x_s"] = compiled
+            fns["grad_w_s"] = compile_time(grad_w, weights, x)[1]
+            counter = EvalCounter()
+            counted = jax.jit(make(kind, max_steps, checkpoints, counter)[1])
+            jax.block_until_ready(counted(weights, x))
+            counter.count = 0
+            jax.block_until_ready(counted(weights, x))
+            row["body_evals_per_grad"] = counter.count
+    return row, fns
+
+
+def time_interleaved(entries, weights, x, rounds):
+    """Median times, measured round-robin so that every implementation sees the same
+    machine load; calls slower than 0.5 s are timed twice, outside the rounds."""
+    fast, slow = [], []
+    for row, fns in entries:
+        for key, fn in fns.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(weights, x))
+            (slow if time.perf_counter() - t0 > 0.5 else fast).append((row, key, fn))
+    samples = {(id(row), key): [] for row, key, _ in fast + slow}
+    for _ in range(rounds):
+        for row, key, fn in fast:
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(weights, x))
+            samples[(id(row), key)].append(time.perf_counter() - t0)
+    for row, key, fn in slow:
+        for _ in range(2):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(weights, x))
+            samples[(id(row), key)].append(time.perf_counter() - t0)
+    for row, key, _ in fast + slow:
+        row[key] = statistics.median(samples[(id(row), key)])
 
 
 def table(rows, columns, header):
@@ -124,14 +148,20 @@ def main():
     ]
     weights = mlp_weights()
     x = jnp.array([0.5])
-    ideal = measure("lax.scan (ideal)", TRIPS, None, weights, x, args.quick)
-    plain = measure("lax.while_loop", None, None, weights, x, args.quick, forward_only=True)
-    rows = []
+    entries = [
+        prepare("lax.scan (ideal)", TRIPS, None, weights, x),
+        prepare("lax.while_loop", None, None, weights, x, forward_only=True),
+    ]
     for kind in kinds:
         for m in max_steps_list:
-            row = measure(kind, m, args.checkpoints, weights, x, args.quick)
-            rows.append(row)
-            print(kind, m, {k: v for k, v in row.items() if k not in ("kind", "max_steps")}, flush=True)
+            entries.append(prepare(kind, m, args.checkpoints, weights, x))
+            print("compiled", kind, m, flush=True)
+    time_interleaved(entries, weights, x, rounds=5 if args.quick else 30)
+    ideal, plain = entries[0][0], entries[1][0]
+    rows = [row for row, _ in entries[2:]]
+    for row in rows:
+        print(row, flush=True)
+
     def ratio(a, b):
         return "OOM" if a is None or b is None else round(a / b, 3)
 
@@ -147,15 +177,19 @@ def main():
                 "grad_over_ideal_last": ratio(last["grad_x_s"], ideal["grad_x_s"]),
                 "gradw_over_ideal_last": ratio(last["grad_w_s"], ideal["grad_w_s"]),
                 "forward_over_while_last": ratio(last["forward_s"], plain["forward_s"]),
-                "compile_last_over_first": ratio(last["grad_compile_s"], first["grad_compile_s"]),
+                "compile_last_over_first": ratio(
+                    last["grad_compile_s"], first["grad_compile_s"]
+                ),
                 "temp_bytes": " / ".join(str(r["grad_temp_bytes"]) for r in mine),
                 "evals": " / ".join(str(r["body_evals_per_grad"]) for r in mine),
             }
         )
     lo, hi = max_steps_list[0], max_steps_list[-1]
     print()
-    print(f"Adaptive MLP, {TRIPS} steps taken, checkpoints={args.checkpoints}; "
-          f"ratios within this run; 'last' is max_steps={hi}, 'first' is {lo}.")
+    print(
+        f"Adaptive MLP, {TRIPS} steps taken, checkpoints={args.checkpoints}; "
+        f"ratios within this run; 'last' is max_steps={hi}, 'first' is {lo}."
+    )
     print()
     print(
         table(
@@ -175,8 +209,10 @@ def main():
         )
     )
     print()
-    print(f"ideal lax.scan: grad {ideal['grad_x_s']*1e3:.2f} ms, evals {ideal['body_evals_per_grad']}; "
-          f"lax.while_loop forward {plain['forward_s']*1e3:.2f} ms")
+    print(
+        f"ideal lax.scan: grad {ideal['grad_x_s'] * 1e3:.2f} ms, evals {ideal['body_evals_per_grad']}; "
+        f"lax.while_loop forward {plain['forward_s'] * 1e3:.2f} ms"
+    )
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from ._buffers import Buffer, _Trace, checks_enabled, find_buffers
+from ._buffers import _Trace, Buffer, checks_enabled, find_buffers
 from ._errors import check_carry_match, check_predicate
 
 
@@ -28,9 +28,7 @@ def _as_array(x, dtype=None):
 
 
 def _weak(x) -> bool:
-    return isinstance(x, bool | int | float | complex) or getattr(
-        x, "weak_type", False
-    )
+    return isinstance(x, bool | int | float | complex) or getattr(x, "weak_type", False)
 
 
 def _adopt_output_dtype(a, b):
@@ -124,7 +122,9 @@ def _generic_body(body_fun, layout: Layout, like, name: str):
         out = body_fun(layout.rebuild(x, views))
         out = _returns_weak_scalars_cast(out, like)
         is_buffer = lambda v: isinstance(v, Buffer)  # noqa: E731
-        out_dynamic = eqx.filter(out, lambda v: is_carried(v) or is_buffer(v), is_leaf=is_buffer)
+        out_dynamic = eqx.filter(
+            out, lambda v: is_carried(v) or is_buffer(v), is_leaf=is_buffer
+        )
         leaves = jtu.tree_leaves(out_dynamic, is_leaf=is_buffer)
         for j, k in enumerate(layout.buffer_pos):
             if k >= len(leaves) or leaves[k] is not views[j]:
@@ -153,8 +153,8 @@ def trace_loop(cond_fun, body_fun, init_val, buffers_fn, name: str) -> TracedLoo
     def plain_body(d):
         return body_fun(eqx.combine(d, static))
 
-    buffer_pos = () if buffers_fn is None else find_buffers(
-        buffers_fn, dynamic, static, name
+    buffer_pos = (
+        () if buffers_fn is None else find_buffers(buffers_fn, dynamic, static, name)
     )
     if not buffer_pos:
         out = eqx.filter_eval_shape(plain_body, dynamic)

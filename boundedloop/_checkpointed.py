@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 
 from ._carry import Layout, TracedLoop
-from ._forward import PLANNING_HORIZON, checkpointed_sweep, plain_sweep
+from ._forward import checkpointed_sweep, plain_sweep, PLANNING_HORIZON
 from ._reverse import reverse_sweep
 from ._step import advance, float_part, is_float, make_step_vjp
 

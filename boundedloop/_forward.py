@@ -19,7 +19,7 @@ from . import _slots
 from ._buffers import raise_violations
 from ._schedule import offline_placement, online_actions
 from ._step import advance
-from ._unbatched import any_across_batch
+from ._unbatched import any_across_batch, select_if_batched
 
 
 # The forward placement is planned this many steps ahead, whatever `max_steps` is, so
@@ -71,7 +71,7 @@ def plain_sweep(loop, max_steps: int | None, checked: bool):
     def masked_step(state):
         t, x, bufs, written, active = state
         new_x, bufs, written = advance(body, loop.layout, x, bufs, active, written)
-        x = _slots.select(active, new_x, x)
+        x = select_if_batched(active, new_x, x)
         return t + 1, x, bufs, written, _continue(loop, active, x, bufs, written)
 
     written = _masks(loop.layout) if checked else None
@@ -139,7 +139,7 @@ def checkpointed_sweep(
         storage = _slots.store(storage, slot, x, when)
         positions = positions.at[slot].set(jnp.where(when, t, positions[slot]))
         new_x, bufs, written = advance(body, loop.layout, x, bufs, active, written)
-        x = _slots.select(active, new_x, x)
+        x = select_if_batched(active, new_x, x)
         trips = trips + active.astype(jnp.int32)
         active = _continue(loop, active, x, bufs, written)
         return t + 1, x, bufs, written, active, trips, storage, positions, cursor

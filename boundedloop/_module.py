@@ -152,7 +152,9 @@ class Loop(LoopModule):
             if not callable(fn):
                 raise TypeError(f"`bl.Loop` needs `{name}` to be callable, got {fn!r}.")
         if buffers is not None and not callable(buffers):
-            raise TypeError(f"`bl.Loop` needs `buffers` to be callable, got {buffers!r}.")
+            raise TypeError(
+                f"`bl.Loop` needs `buffers` to be callable, got {buffers!r}."
+            )
         self.cond_fun = cond_fun
         self.body_fun = body_fun
         self.buffers_fun = buffers

@@ -22,6 +22,7 @@ from jax import lax
 from . import _slots
 from ._forward import Tape
 from ._schedule import binomial_table
+from ._unbatched import select_if_batched
 
 
 def split_rule(slots: int, max_length: int) -> Callable:
@@ -101,15 +102,14 @@ def reverse_sweep(
 
         def reverse(x, ct, ct_params):
             d_params, d_x, updates = step_vjp(x, bufs, ct, ct_bufs, active)
-            ct_params = jtu.tree_map(
-                lambda acc, d: acc + jnp.where(active, d, jnp.zeros_like(d)),
-                ct_params,
-                d_params,
+            d_params = select_if_batched(
+                active, d_params, jtu.tree_map(jnp.zeros_like, d_params)
             )
-            return x, _slots.select(active, d_x, ct), ct_params, updates
+            ct_params = jtu.tree_map(jnp.add, ct_params, d_params)
+            return x, select_if_batched(active, d_x, ct), ct_params, updates
 
         def advance(x, ct, ct_params):
-            x = _slots.select(active, step_fn(x, bufs), x)
+            x = select_if_batched(active, step_fn(x, bufs), x)
             return x, ct, ct_params, no_updates
 
         # the buffers' cotangents stay out of the cond (passing them through its

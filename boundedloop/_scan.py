@@ -26,7 +26,9 @@ Y = TypeVar("Y")
 def _length(xs, length, name):
     lengths = {int(np.shape(x)[0]) for x in jtu.tree_leaves(xs) if np.ndim(x) > 0}
     if any(np.ndim(x) == 0 for x in jtu.tree_leaves(xs)):
-        raise ValueError(f"`{name}`: every leaf of `xs` needs a leading axis to scan over.")
+        raise ValueError(
+            f"`{name}`: every leaf of `xs` needs a leading axis to scan over."
+        )
     if length is not None:
         lengths.add(int(length))
     if len(lengths) != 1:
@@ -86,7 +88,9 @@ def scan(
     """
     name = "bl.scan"
     n = _length(xs, length, name)
-    x_shape = jtu.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x)[1:], jnp.result_type(x)), xs)
+    x_shape = jtu.tree_map(
+        lambda x: jax.ShapeDtypeStruct(np.shape(x)[1:], jnp.result_type(x)), xs
+    )
     _, y_shape = eqx.filter_eval_shape(f, init, x_shape)
     if any(not isinstance(y, jax.ShapeDtypeStruct) for y in jtu.tree_leaves(y_shape)):
         raise TypeError(f"`{name}`: every leaf `f` returns as `y` must be an array.")
@@ -152,8 +156,12 @@ def fori_loop(
     The final value.
     """
     for name, bound in [("lower", lower), ("upper", upper)]:
-        if isinstance(bound, jax.core.Tracer) or not isinstance(bound, int | np.integer):
-            raise TypeError(f"`bl.fori_loop` needs `{name}` to be a Python int, got {bound!r}.")
+        if isinstance(bound, jax.core.Tracer) or not isinstance(
+            bound, int | np.integer
+        ):
+            raise TypeError(
+                f"`bl.fori_loop` needs `{name}` to be a Python int, got {bound!r}."
+            )
     n = max(int(upper) - int(lower), 0)
     steps = jnp.arange(lower, lower + n, dtype=jnp.int32)
     final, _ = scan(

@@ -27,7 +27,7 @@ import numpy as np
 _INT32_MAX = 2**31 - 1
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def binomial_table(max_slots: int, max_length: int) -> np.ndarray:
     """`table[k, r] = C(k + r, k)` for `k <= max_slots + 2`, clipped to int32.
 
@@ -78,7 +78,9 @@ def revolve_split(length: int, slots: int) -> int:
     if slots <= 1:
         return length - 1
     r = repetitions(length, slots)
-    return min(math.comb(slots + r - 1, slots), length - math.comb(slots + r - 2, r - 1))
+    return min(
+        math.comb(slots + r - 1, slots), length - math.comb(slots + r - 2, r - 1)
+    )
 
 
 def placement_cost(positions, n: int, slots: int) -> int | float:

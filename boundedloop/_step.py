@@ -44,7 +44,9 @@ def make_step_vjp(body, layout, wanted):
     """
     diff_body, static_body = eqx.partition(body, wanted)
     float_reads = [
-        k for k, r in enumerate(layout.read_shapes) if jnp.issubdtype(r.dtype, jnp.inexact)
+        k
+        for k, r in enumerate(layout.read_shapes)
+        if jnp.issubdtype(r.dtype, jnp.inexact)
     ]
 
     def step_vjp(x, bufs, ct, ct_bufs, active):
@@ -56,7 +58,11 @@ def make_step_vjp(body, layout, wanted):
             for k, d in zip(float_reads, float_dummies):
                 all_dummies[k] = d
             new_x, _, _, writes, reads = eqx.combine(db, static_body)(
-                eqx.combine(dx, static_x), bufs, tuple(all_dummies), jnp.array(True), None
+                eqx.combine(dx, static_x),
+                bufs,
+                tuple(all_dummies),
+                jnp.array(True),
+                None,
             )
             values = tuple(v if is_float(v) else None for v, _, _ in writes)
             aux = tuple((i, p) for _, i, p in writes), reads

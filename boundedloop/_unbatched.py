@@ -1,4 +1,8 @@
-"""`any_across_batch`: a predicate that stays unbatched under `jax.vmap`.
+"""Two primitives that keep a loop's control unbatched under `jax.vmap`.
+
+`any_across_batch`: a predicate that stays unbatched.
+`select_if_batched`: masking that is free when nothing is batched.
+
 
 `lax.while_loop` under `vmap` with a batched predicate selects every carry component
 per element, so anything carried (the step counter, the checkpoint bookkeeping)
@@ -8,6 +12,7 @@ control unbatched; the loop body then masks finished elements itself.
 
 import jax.extend.core
 import jax.numpy as jnp
+import jax.tree_util as jtu
 from jax.interpreters import batching, mlir
 
 
@@ -37,3 +42,61 @@ mlir.register_lowering(
 def any_across_batch(pred):
     """`pred` (a scalar bool) unchanged; under `vmap`, true where any element's is."""
     return any_across_batch_p.bind(jnp.asarray(pred, dtype=bool))
+
+
+def _select_impl(pred, *operands):
+    # unbatched, `pred` is true wherever this is used (see `select_if_batched`)
+    del pred
+    half = len(operands) // 2
+    return operands[:half]
+
+
+def _select_abstract_eval(pred, *operands):
+    del pred
+    half = len(operands) // 2
+    return [jax.core.ShapedArray(o.shape, o.dtype) for o in operands[:half]]
+
+
+def _select_batch(args, dims):
+    pred, *operands = args
+    pred_dim, *operand_dims = dims
+    half = len(operands) // 2
+    if pred_dim is None:
+        return operands[:half], operand_dims[:half]
+    size = pred.shape[pred_dim]
+    pred = jnp.moveaxis(pred, pred_dim, 0)
+    out = []
+    for new, old, d_new, d_old in zip(
+        operands[:half], operands[half:], operand_dims[:half], operand_dims[half:]
+    ):
+        new = batching.bdim_at_front(new, d_new, size)
+        old = batching.bdim_at_front(old, d_old, size)
+        p = pred.reshape(pred.shape + (1,) * (new.ndim - pred.ndim))
+        out.append(jnp.where(p, new, old))
+    return out, [0] * half
+
+
+select_if_batched_p = jax.extend.core.Primitive("boundedloop_select_if_batched")
+select_if_batched_p.multiple_results = True
+select_if_batched_p.def_impl(_select_impl)
+select_if_batched_p.def_abstract_eval(_select_abstract_eval)
+batching.primitive_batchers[select_if_batched_p] = _select_batch
+mlir.register_lowering(
+    select_if_batched_p, mlir.lower_fun(_select_impl, multiple_results=True)
+)
+
+
+def select_if_batched(pred, on_true, on_false):
+    """Leafwise `where(pred, on_true, on_false)` for a scalar `pred` that is known to
+    be true unless it is batched.
+
+    Inside a loop that runs while any element is active, an element's `active` flag
+    is always true when there is no batch; only under `vmap` can some elements have
+    stopped. So the select costs nothing unbatched and is a real select under vmap.
+    """
+    new, treedef = jtu.tree_flatten(on_true)
+    old = treedef.flatten_up_to(on_false)
+    if not new:
+        return on_true
+    out = select_if_batched_p.bind(jnp.asarray(pred, bool), *new, *old)
+    return jtu.tree_unflatten(treedef, out)

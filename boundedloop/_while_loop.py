@@ -4,7 +4,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ._carry import trace_loop
-from ._checkpointed import LoopConfig, checkpointed_loop
+from ._checkpointed import checkpointed_loop, LoopConfig
 from ._errors import check_checkpoints, check_max_steps
 
 

@@ -12,11 +12,10 @@ gradients, everything else is static.
 
 from collections.abc import Callable
 
+import boundedloop as bl
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
-
-import boundedloop as bl
 
 
 # ---- library code -----------------------------------------------------------------
@@ -84,7 +83,9 @@ def main():
     expected = jax.grad(unrolled)(weights)
     got = grads.args[0]
     err = max(float(jnp.max(jnp.abs(got[k] - expected[k]))) for k in weights)
-    print(f"gradient w.r.t. the Partial's arrays matches the unrolled loop to {err:.1e}")
+    print(
+        f"gradient w.r.t. the Partial's arrays matches the unrolled loop to {err:.1e}"
+    )
     # a different static configuration retraces; new array values do not
     fn2 = jtu.Partial(damped_update, weights, "sigmoid")
     print(f"sigmoid variant: loss {float(loss(fn2, y0)):.6f}")

@@ -10,11 +10,10 @@ with the usual nested `lax.scan` + `lax.cond` loop it grows with `max_steps`.
 import argparse
 import time
 
+import boundedloop as bl
 import jax
 import jax.numpy as jnp
 from jax import lax
-
-import boundedloop as bl
 
 
 def mlp(weights, x):
@@ -30,7 +29,9 @@ def nested_scan_loop(cond_fun, body_fun, init, max_steps):
             return lax.cond(cond_fun(val), body_fun, lambda v: v, val)
 
         def step(v, _):
-            return lax.cond(cond_fun(v), lambda v: run(level - 1, v), lambda v: v, v), None
+            return lax.cond(
+                cond_fun(v), lambda v: run(level - 1, v), lambda v: v, v
+            ), None
 
         return lax.scan(step, val, length=2)[0]
 
@@ -80,9 +81,13 @@ def main(quick=False):
     print(f"{'max_steps':>9} | {'bl.while_loop grad':>18} | {'nested scan grad':>16}")
     for m in ours_steps:
         ours = timed(make_loss("boundedloop", m), weights, x)
-        theirs = timed(make_loss("nested", m), weights, x) if m in theirs_steps else None
+        theirs = (
+            timed(make_loss("nested", m), weights, x) if m in theirs_steps else None
+        )
         results[m] = (ours, theirs)
-        theirs_text = f"{theirs * 1e3:13.2f} ms" if theirs is not None else f"{'(skipped)':>16}"
+        theirs_text = (
+            f"{theirs * 1e3:13.2f} ms" if theirs is not None else f"{'(skipped)':>16}"
+        )
         print(f"{m:>9} | {ours * 1e3:15.2f} ms | {theirs_text}")
     g_ours = make_loss("boundedloop", ours_steps[-1])(weights, x)
     g_ref = make_loss("nested", 8)(weights, x)

@@ -11,13 +11,12 @@ vmapped over a batch of initial conditions.
 
 import argparse
 
+import boundedloop as bl
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg
 import optax
-
-import boundedloop as bl
 
 
 class AdaptiveHeun(bl.LoopModule):
@@ -42,7 +41,9 @@ class AdaptiveHeun(bl.LoopModule):
         t = jnp.where(accept, t + h, t)
         y = jnp.where(accept, y_heun, y)
         # stop_gradient: the step-size controller is not part of the model
-        factor = jax.lax.stop_gradient(jnp.clip(0.9 * jnp.sqrt(self.tol / error), 0.2, 5.0))
+        factor = jax.lax.stop_gradient(
+            jnp.clip(0.9 * jnp.sqrt(self.tol / error), 0.2, 5.0)
+        )
         return t, y, h * factor
 
     def solve(self, y0, max_steps=256):
@@ -72,7 +73,9 @@ def main(steps=300, seed=0):
     @bl.filter_jit
     def train_step(model, opt_state, y0, y1):
         loss, grads = bl.filter_value_and_grad(loss_fn)(model, y0, y1)
-        updates, opt_state = optim.update(grads, opt_state, eqx.filter(model, eqx.is_inexact_array))
+        updates, opt_state = optim.update(
+            grads, opt_state, eqx.filter(model, eqx.is_inexact_array)
+        )
         return eqx.apply_updates(model, updates), opt_state, loss
 
     losses = []
@@ -81,8 +84,12 @@ def main(steps=300, seed=0):
         losses.append(float(loss))
         if step % 50 == 0 or step == steps - 1:
             print(f"step {step:4d}  loss {losses[-1]:.5f}")
-    trips = jax.vmap(lambda y: model.run((0.0, y, 0.1), max_steps=256, checkpoints=8))(y0)
-    print(f"final time reached: {float(jnp.min(trips[0])):.3f} .. {float(jnp.max(trips[0])):.3f}")
+    trips = jax.vmap(lambda y: model.run((0.0, y, 0.1), max_steps=256, checkpoints=8))(
+        y0
+    )
+    print(
+        f"final time reached: {float(jnp.min(trips[0])):.3f} .. {float(jnp.max(trips[0])):.3f}"
+    )
     return losses
 
 

@@ -12,7 +12,9 @@ def tree_allclose(x, y, *, rtol=1e-5, atol=1e-6) -> bool:
     if jtu.tree_structure(x) != jtu.tree_structure(y):
         return False
     for a, b in zip(jtu.tree_leaves(x), jtu.tree_leaves(y)):
-        if isinstance(a, jax.Array | np.ndarray) or isinstance(b, jax.Array | np.ndarray):
+        if isinstance(a, jax.Array | np.ndarray) or isinstance(
+            b, jax.Array | np.ndarray
+        ):
             if jnp.shape(a) != jnp.shape(b) or jnp.result_type(a) != jnp.result_type(b):
                 return False
             if not np.allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=atol):

@@ -4,13 +4,12 @@ array normally; vmap; the opt-in misuse check; no copies in the compiled loop.""
 import functools
 import re
 
+import boundedloop as bl
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-
-import boundedloop as bl
 
 from .helpers import tree_allclose
 
@@ -59,7 +58,7 @@ def cond(carry):
     return carry[3] < carry[4]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def ours(max_steps, checkpoints, use_pred):
     def loss(x, buf0, scale, n):
         out = bl.while_loop(
@@ -106,7 +105,9 @@ def test_vmap_batched_buffers_indices_and_pred():
     ns = jnp.array([0, 4, 11, 7])
     xs = jnp.stack([X * s for s in [1.0, -0.7, 0.4, 1.5]])
     bufs = jnp.stack([BUF0 * s for s in [1.0, 0.5, -1.0, 2.0]])
-    (values, out_bufs), grads = jax.vmap(f, in_axes=(0, 0, None, 0))(xs, bufs, SCALE, ns)
+    (values, out_bufs), grads = jax.vmap(f, in_axes=(0, 0, None, 0))(
+        xs, bufs, SCALE, ns
+    )
     for b in range(4):
         (v, buf), g = reference(xs[b], bufs[b], SCALE, int(ns[b]), True)
         assert tree_allclose(out_bufs[b], buf)
@@ -115,7 +116,9 @@ def test_vmap_batched_buffers_indices_and_pred():
 
 def test_forward_matches_lax_while_loop_bitwise():
     body = make_body(SCALE, True)
-    got = bl.while_loop(cond, body, init(X, BUF0, 9), max_steps=ROWS, buffers=lambda c: c[1])
+    got = bl.while_loop(
+        cond, body, init(X, BUF0, 9), max_steps=ROWS, buffers=lambda c: c[1]
+    )
     expected = lax.while_loop(cond, reference_body(SCALE, True), init(X, BUF0, 9))
     assert all(np.array_equal(a, b) for a, b in zip(got, expected))
 
@@ -123,7 +126,10 @@ def test_forward_matches_lax_while_loop_bitwise():
 def test_several_buffers_and_integer_buffer():
     def body(c):
         i, floats, ints = c
-        floats = floats.at[i].set(jnp.cos(i.astype(jnp.float32)) * c[1][jnp.maximum(i - 1, 0)] * 0 + 1.5 * i.astype(jnp.float32))
+        floats = floats.at[i].set(
+            jnp.cos(i.astype(jnp.float32)) * c[1][jnp.maximum(i - 1, 0)] * 0
+            + 1.5 * i.astype(jnp.float32)
+        )
         ints = ints.at[i].set(i * 2)
         return i + 1, floats, ints
 
@@ -140,9 +146,21 @@ def test_several_buffers_and_integer_buffer():
 
 def test_buffer_errors():
     with pytest.raises(TypeError, match="array of the carry"):
-        bl.while_loop(cond, make_body(SCALE, False), init(X, BUF0, 3), max_steps=4, buffers=lambda c: 3.0)
+        bl.while_loop(
+            cond,
+            make_body(SCALE, False),
+            init(X, BUF0, 3),
+            max_steps=4,
+            buffers=lambda c: 3.0,
+        )
     with pytest.raises(TypeError, match="at least one axis"):
-        bl.while_loop(cond, make_body(SCALE, False), init(X, BUF0, 3), max_steps=4, buffers=lambda c: c[3])
+        bl.while_loop(
+            cond,
+            make_body(SCALE, False),
+            init(X, BUF0, 3),
+            max_steps=4,
+            buffers=lambda c: c[3],
+        )
     with pytest.raises(TypeError, match="scalar integers"):
         bl.while_loop(
             lambda c: c[1] < 2,
@@ -167,12 +185,22 @@ def test_read_after_write_in_one_step(checkpoints):
         return jnp.sum(out[0]) + jnp.sum(out[1] ** 2)
 
     def ours(x):
-        out = bl.while_loop(lambda c: c[2] < 7, read_after_write, (x, jnp.zeros((ROWS, WIDTH)), 0),
-                            max_steps=ROWS, checkpoints=checkpoints, buffers=lambda c: c[1])
+        out = bl.while_loop(
+            lambda c: c[2] < 7,
+            read_after_write,
+            (x, jnp.zeros((ROWS, WIDTH)), 0),
+            max_steps=ROWS,
+            checkpoints=checkpoints,
+            buffers=lambda c: c[1],
+        )
         return jnp.sum(out[0]) + jnp.sum(out[1] ** 2)
 
     def ref(x):
-        out = lax.scan(lambda c, _: (read_after_write(c), None), (x, jnp.zeros((ROWS, WIDTH)), 0), length=7)[0]
+        out = lax.scan(
+            lambda c, _: (read_after_write(c), None),
+            (x, jnp.zeros((ROWS, WIDTH)), 0),
+            length=7,
+        )[0]
         return jnp.sum(out[0]) + jnp.sum(out[1] ** 2)
 
     assert tree_allclose(jax.grad(ours)(X), jax.grad(ref)(X))
@@ -189,7 +217,14 @@ def test_misuse_check_catches_double_write_and_unwritten_read():
 
     def make_run(body):
         def run(x):
-            return bl.while_loop(lambda c: c[1] < 3, body, (x, 0), max_steps=4, checkpoints=2, buffers=lambda c: c[0])[0]
+            return bl.while_loop(
+                lambda c: c[1] < 3,
+                body,
+                (x, 0),
+                max_steps=4,
+                checkpoints=2,
+                buffers=lambda c: c[0],
+            )[0]
 
         return run
 
@@ -202,12 +237,20 @@ def test_misuse_check_catches_double_write_and_unwritten_read():
             with pytest.raises(Exception, match="written twice|not been written"):
                 jax.block_until_ready(jax.jit(run)(jnp.zeros(5)))
             with pytest.raises(Exception, match="written twice|not been written"):
-                jax.block_until_ready(jax.jit(jax.grad(lambda x: jnp.sum(run(x))))(jnp.zeros(5)))
+                jax.block_until_ready(
+                    jax.jit(jax.grad(lambda x: jnp.sum(run(x))))(jnp.zeros(5))
+                )
 
     # a correct loop passes the check, forward and gradient
     def good(x):
-        return bl.while_loop(lambda c: c[2] < 9, read_after_write, (x, jnp.zeros((ROWS, WIDTH)), 0),
-                             max_steps=ROWS, checkpoints=3, buffers=lambda c: c[1])[1]
+        return bl.while_loop(
+            lambda c: c[2] < 9,
+            read_after_write,
+            (x, jnp.zeros((ROWS, WIDTH)), 0),
+            max_steps=ROWS,
+            checkpoints=3,
+            buffers=lambda c: c[1],
+        )[1]
 
     with bl.buffer_checks():
         jax.block_until_ready(jax.jit(jax.grad(lambda x: jnp.sum(good(x))))(X))
@@ -217,7 +260,9 @@ def _while_bodies(hlo: str):
     """The text of every computation called as a while body."""
     names = set(re.findall(r"body=%?([\w.\-]+)", hlo))
     blocks = re.split(r"\n(?=\S)", hlo)
-    return [b for b in blocks if any(re.match(rf"%?{re.escape(n)}\b", b) for n in names)]
+    return [
+        b for b in blocks if any(re.match(rf"%?{re.escape(n)}\b", b) for n in names)
+    ]
 
 
 def test_no_copy_of_the_buffer_inside_the_compiled_loops():
@@ -244,5 +289,9 @@ def test_no_copy_of_the_buffer_inside_the_compiled_loops():
     assert bodies
     shape = f"f32[{rows},{width}]"
     for b in bodies:
-        copies = [line for line in b.splitlines() if " copy(" in line and shape in line.split("=")[1][:40]]
+        copies = [
+            line
+            for line in b.splitlines()
+            if " copy(" in line and shape in line.split("=")[1][:40]
+        ]
         assert not copies, copies

@@ -1,10 +1,9 @@
 """Bad input gets a clear error before the loop is traced."""
 
+import boundedloop as bl
 import jax
 import jax.numpy as jnp
 import pytest
-
-import boundedloop as bl
 
 
 def body(c):
@@ -57,14 +56,23 @@ def test_body_changes_structure():
 
 
 def test_body_changes_shape_names_the_leaf():
-    with pytest.raises(TypeError, match=r"carry\[0\] has type float32\[3\].*float32\[6\]"):
-        bl.while_loop(cond, lambda c: (jnp.concatenate([c[0], c[0]]), c[1] + 1), INIT, max_steps=8)
+    with pytest.raises(
+        TypeError, match=r"carry\[0\] has type float32\[3\].*float32\[6\]"
+    ):
+        bl.while_loop(
+            cond, lambda c: (jnp.concatenate([c[0], c[0]]), c[1] + 1), INIT, max_steps=8
+        )
 
 
 def test_body_changes_dtype_names_the_leaf():
     init = {"x": jnp.ones(3), "n": 0}
     with pytest.raises(TypeError, match=r"carry\['n'\] has type int32\[\].*bool\[\]"):
-        bl.while_loop(lambda c: c["n"] < 3, lambda c: {"x": c["x"], "n": c["n"] > 1}, init, max_steps=8)
+        bl.while_loop(
+            lambda c: c["n"] < 3,
+            lambda c: {"x": c["x"], "n": c["n"] > 1},
+            init,
+            max_steps=8,
+        )
 
 
 def test_body_changes_static_leaf():
@@ -85,8 +93,15 @@ def test_cond_not_boolean():
 
 def test_weak_python_scalars_follow_lax():
     # a Python float in the carry takes the body's dtype, as in lax.while_loop
-    out = bl.while_loop(lambda c: c[1] < 3, lambda c: (c[0] + jnp.float32(1), c[1] + 1), (0.0, 0), max_steps=5)
+    out = bl.while_loop(
+        lambda c: c[1] < 3,
+        lambda c: (c[0] + jnp.float32(1), c[1] + 1),
+        (0.0, 0),
+        max_steps=5,
+    )
     assert out[0].dtype == jnp.float32 and float(out[0]) == 3.0
     # a body returning a bare Python number keeps the carry's dtype
-    out = bl.while_loop(lambda c: c[1] < 3, lambda c: (1.0, c[1] + 1), (jnp.float32(0), 0), max_steps=5)
+    out = bl.while_loop(
+        lambda c: c[1] < 3, lambda c: (1.0, c[1] + 1), (jnp.float32(0), 0), max_steps=5
+    )
     assert out[0].dtype == jnp.float32

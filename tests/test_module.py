@@ -1,12 +1,11 @@
 """`LoopModule`, `Loop` and the filtered transforms."""
 
+import boundedloop as bl
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import pytest
-
-import boundedloop as bl
 
 from .helpers import scan_loop, tree_allclose
 
@@ -89,9 +88,9 @@ def test_gradients_wrt_fields_match_scan(checkpoints):
 
 def test_vmap_over_modules():
     rates = jnp.array([[0.9, 1.1], [0.5, 0.2], [1.3, -0.4]])
-    modules = eqx.filter_vmap(
-        lambda r: Decay(r, jnp.array(0.1), 5, "decay", jnp.tanh)
-    )(rates)
+    modules = eqx.filter_vmap(lambda r: Decay(r, jnp.array(0.1), 5, "decay", jnp.tanh))(
+        rates
+    )
 
     def loss(m):
         return jnp.sum(m.run((X, 0), max_steps=8, checkpoints=2)[0])
@@ -123,8 +122,12 @@ def test_nested_module_field(getkey):
     trips = int(out[1])
     assert 0 < trips < 64
 
-    grads = bl.filter_grad(lambda m: jnp.sum(m.run((x0, 0), max_steps=64, checkpoints=4)[0]))(module)
-    expected = eqx.filter_grad(lambda m: jnp.sum(scan_loop(m.body, (x0, 0), trips)[0]))(module)
+    grads = bl.filter_grad(
+        lambda m: jnp.sum(m.run((x0, 0), max_steps=64, checkpoints=4)[0])
+    )(module)
+    expected = eqx.filter_grad(lambda m: jnp.sum(scan_loop(m.body, (x0, 0), trips)[0]))(
+        module
+    )
     assert tree_allclose(grads, expected, rtol=1e-4, atol=1e-6)
 
 
@@ -154,12 +157,12 @@ def test_loop_wraps_partial_closure_and_bound_method():
 
     module = make_decay()
     bound = bl.Loop(module.cond, module.body)
-    assert tree_allclose(
-        bound.run((X, 0), max_steps=9)[0], reference(module, X, 5)
-    )
+    assert tree_allclose(bound.run((X, 0), max_steps=9)[0], reference(module, X, 5))
     # plain closures work too (and are static)
     closure = bl.Loop(lambda c: c[1] < 3, lambda c: (c[0] * 2.0, c[1] + 1))
-    assert tree_allclose(bl.filter_jit(lambda l, x: l.run((x, 0), max_steps=5)[0])(closure, X), X * 8.0)
+    assert tree_allclose(
+        bl.filter_jit(lambda lp, x: lp.run((x, 0), max_steps=5)[0])(closure, X), X * 8.0
+    )
 
 
 def test_loop_rejects_non_callables():

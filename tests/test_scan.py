@@ -1,17 +1,16 @@
 """`bl.scan` and `bl.fori_loop` against `lax.scan` / `lax.fori_loop`."""
 
+import boundedloop as bl
 import jax
 import jax.numpy as jnp
 import pytest
-from jax import lax
-
-import boundedloop as bl
 from boundedloop._schedule import (
     gradient_body_evaluations,
     offline_placement,
     optimal_placement_costs,
     placement_cost,
 )
+from jax import lax
 
 from .helpers import Counter, tree_allclose
 
@@ -37,7 +36,9 @@ def test_scan_values_and_gradients(checkpoints):
 
     ours = lambda f_, init, xs: bl.scan(f_, init, xs, checkpoints=checkpoints)  # noqa: E731
     (v, aux), g = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(H0, XS, ours)
-    (vr, auxr), gr = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(H0, XS, lax.scan)
+    (vr, auxr), gr = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(
+        H0, XS, lax.scan
+    )
     assert tree_allclose(aux, auxr) and tree_allclose(v, vr)
     assert tree_allclose(g, gr)
 

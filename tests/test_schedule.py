@@ -5,7 +5,6 @@ import math
 
 import numpy as np
 import pytest
-
 from boundedloop._schedule import (
     forward_placement,
     gradient_body_evaluations,
@@ -18,7 +17,7 @@ from boundedloop._schedule import (
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def brute_force_cost(length, slots):
     """Fewest extra evaluations to reverse `length` steps from a stored start."""
     if length <= 1:
@@ -83,7 +82,9 @@ def test_online_actions_are_consistent(slots):
     # prefixes of a longer plan agree with shorter plans (online: no lookahead)
     short_steps, short_ids = online_actions(slots, 700)
     k = len(short_steps)
-    assert np.array_equal(steps[:k], short_steps) and np.array_equal(slot_ids[:k], short_ids)
+    assert np.array_equal(steps[:k], short_steps) and np.array_equal(
+        slot_ids[:k], short_ids
+    )
 
 
 def test_store_every_step_when_enough_slots():

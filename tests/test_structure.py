@@ -1,10 +1,9 @@
 """Exact structural facts: body evaluations, recomputation order, program size."""
 
+import boundedloop as bl
 import jax
 import jax.numpy as jnp
 import pytest
-
-import boundedloop as bl
 from boundedloop._schedule import (
     forward_placement,
     gradient_body_evaluations,
@@ -26,7 +25,11 @@ def recorded_gradient(n, max_steps, checkpoints):
 
     def loss(x):
         out = bl.while_loop(
-            lambda c: c[1] < n, body, (x, 0), max_steps=max_steps, checkpoints=checkpoints
+            lambda c: c[1] < n,
+            body,
+            (x, 0),
+            max_steps=max_steps,
+            checkpoints=checkpoints,
         )
         return out[0]
 
@@ -46,11 +49,15 @@ def test_evaluations_do_not_depend_on_max_steps():
         assert len(counts) == 1
 
 
-@pytest.mark.parametrize("n,checkpoints", [(1, 1), (5, 1), (7, 2), (20, 3), (45, 4), (100, 5)])
+@pytest.mark.parametrize(
+    "n,checkpoints", [(1, 1), (5, 1), (7, 2), (20, 3), (45, 4), (100, 5)]
+)
 def test_recomputation_order_matches_the_schedule(n, checkpoints):
     calls = recorded_gradient(n, 200, checkpoints)
     positions = forward_placement(n, checkpoints)
-    expected = list(range(n)) + [i for _, i in reverse_events(positions, n, checkpoints)]
+    expected = list(range(n)) + [
+        i for _, i in reverse_events(positions, n, checkpoints)
+    ]
     assert calls == expected
     assert len(calls) == gradient_body_evaluations(n, checkpoints)
 

@@ -2,13 +2,12 @@
 
 import functools
 
+import boundedloop as bl
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-
-import boundedloop as bl
 
 from .helpers import python_while, scan_loop, tree_allclose, tree_equal
 
@@ -33,7 +32,7 @@ def init(x, limit):
 X0 = jnp.array([0.3, -0.2, 0.5])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def grad_fn(max_steps, checkpoints):
     """One compiled gradient per (max_steps, checkpoints); the trip count is traced."""
 
@@ -70,9 +69,7 @@ def reference_grad(x, w, trips):
 def test_forward_matches_lax(max_steps, limit):
     out = bl.while_loop(cond, body, init(X0, limit), max_steps=max_steps)
     trips = min(limit, max_steps)
-    expected = lax.while_loop(
-        lambda c: (c[1] < trips) & cond(c), body, init(X0, limit)
-    )
+    expected = lax.while_loop(lambda c: (c[1] < trips) & cond(c), body, init(X0, limit))
     assert tree_equal(out, expected)
     assert int(out[1]) == trips
     expected_py, steps = python_while(cond, body, init(X0, limit), max_steps)
@@ -128,9 +125,7 @@ def test_vmap_forward_matches_lax():
         return bl.while_loop(cond, body, init(x, limit), max_steps=8)
 
     def theirs(x, limit):
-        return lax.while_loop(
-            lambda c: (c[1] < 8) & cond(c), body, init(x, limit)
-        )
+        return lax.while_loop(lambda c: (c[1] < 8) & cond(c), body, init(x, limit))
 
     assert tree_equal(jax.vmap(ours)(xs, limits), jax.vmap(theirs)(xs, limits))
 
@@ -151,8 +146,12 @@ def test_vmap_schedule_is_not_batched():
     assert "i32[4]" in text and "i32[2]" in text
     assert "i32[2,4]" not in text
     got = jax.vmap(jax.grad(loss))(xs)
-    expected = jnp.stack([jax.grad(lambda x: jnp.sum((x + 5.0) ** 2))(X0),
-                          jax.grad(lambda x: jnp.sum((x + 8.0) ** 2))(X0 - 3.0)])
+    expected = jnp.stack(
+        [
+            jax.grad(lambda x: jnp.sum((x + 5.0) ** 2))(X0),
+            jax.grad(lambda x: jnp.sum((x + 8.0) ** 2))(X0 - 3.0),
+        ]
+    )
     assert tree_allclose(got, expected)
 
 
@@ -162,11 +161,15 @@ def test_gradient_wrt_closed_over_and_python_float():
             x, i = c
             return jnp.sin(x) * scale, i + 1
 
-        out = bl.while_loop(lambda c: c[1] < 6, _body, (x, 0), max_steps=50, checkpoints=2)
+        out = bl.while_loop(
+            lambda c: c[1] < 6, _body, (x, 0), max_steps=50, checkpoints=2
+        )
         return jnp.sum(out[0])
 
     def ref(scale, x):
-        return jnp.sum(scan_loop(lambda c: (jnp.sin(c[0]) * scale, c[1] + 1), (x, 0), 6)[0])
+        return jnp.sum(
+            scan_loop(lambda c: (jnp.sin(c[0]) * scale, c[1] + 1), (x, 0), 6)[0]
+        )
 
     for scale in [1.2, jnp.array(1.2)]:
         got = jax.grad(loss, argnums=(0, 1))(scale, X0)
@@ -201,10 +204,16 @@ def test_steps_past_the_end_do_not_poison_gradients():
         return jnp.where(i >= n, jnp.nan, jnp.log(x) * 2.0), i + 1, n
 
     def loss(x, n):
-        out = bl.while_loop(lambda c: c[1] < c[2], _body, (x, 0, n), max_steps=10, checkpoints=3)
+        out = bl.while_loop(
+            lambda c: c[1] < c[2], _body, (x, 0, n), max_steps=10, checkpoints=3
+        )
         return out[0]
 
-    ref = jax.grad(lambda x: scan_loop(lambda c: (jnp.log(c[0]) * 2.0, c[1] + 1, c[2]), (x, 0, 0), 2)[0])
+    ref = jax.grad(
+        lambda x: scan_loop(
+            lambda c: (jnp.log(c[0]) * 2.0, c[1] + 1, c[2]), (x, 0, 0), 2
+        )[0]
+    )
     xs, ns = jnp.array([3.0, 4.0, 5.0]), jnp.array([2, 2, 2])
     got = jax.vmap(jax.grad(loss))(xs, ns)
     assert np.all(np.isfinite(got))
@@ -229,13 +238,27 @@ def test_value_and_grad_and_jacrev():
 
 def test_nested_loop_gradient():
     def inner(x):
-        return bl.while_loop(lambda c: c[1] < 3, lambda c: (jnp.sin(c[0]) + 0.5, c[1] + 1), (x, 0), max_steps=5, checkpoints=2)[0]
+        return bl.while_loop(
+            lambda c: c[1] < 3,
+            lambda c: (jnp.sin(c[0]) + 0.5, c[1] + 1),
+            (x, 0),
+            max_steps=5,
+            checkpoints=2,
+        )[0]
 
     def outer(x):
-        return bl.while_loop(lambda c: c[1] < 4, lambda c: (inner(c[0]) * 0.9, c[1] + 1), (x, 0), max_steps=7, checkpoints=2)[0]
+        return bl.while_loop(
+            lambda c: c[1] < 4,
+            lambda c: (inner(c[0]) * 0.9, c[1] + 1),
+            (x, 0),
+            max_steps=7,
+            checkpoints=2,
+        )[0]
 
     def ref(x):
-        inner_ref = lambda x: scan_loop(lambda c: (jnp.sin(c[0]) + 0.5, c[1] + 1), (x, 0), 3)[0]
+        def inner_ref(x):
+            return scan_loop(lambda c: (jnp.sin(c[0]) + 0.5, c[1] + 1), (x, 0), 3)[0]
+
         return scan_loop(lambda c: (inner_ref(c[0]) * 0.9, c[1] + 1), (x, 0), 4)[0]
 
     got = jax.grad(lambda x: jnp.sum(outer(x)))(X0)
