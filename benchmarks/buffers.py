@@ -9,11 +9,12 @@ import argparse
 import json
 import pathlib
 
-import boundedloop as bl
 import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 from _common import compile_time, median_time, temp_bytes
+
+import boundedloop as bl
 
 
 WIDTH = 256

@@ -1,9 +1,10 @@
-"""Draw the documentation's pictures from the benchmark results.
+"""Draw the documentation's pictures and tables from the benchmark results.
 
     python benchmarks/plots.py
 
-Reads `benchmarks/results/while_loop.json` and `recomputation.json` (written by
-`while_loop.py` and `recomputation.py`) and writes PNGs into `docs/images/`.
+Reads `benchmarks/results/*.txt` and `*.json` (written by `while_loop.py`,
+`recomputation.py` and `buffers.py`), writes PNGs into `docs/images/` and the
+markdown tables the performance page includes into `docs/generated/`.
 """
 
 import json
@@ -14,11 +15,26 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
 from boundedloop._schedule import forward_placement, reverse_events  # noqa: E402
 
 
 RESULTS = pathlib.Path("benchmarks/results")
 IMAGES = pathlib.Path("docs/images")
+GENERATED = pathlib.Path("docs/generated")
+
+
+def tables():
+    """Copy each benchmark's printed summary (its markdown tables) for the docs."""
+    for name in ["while_loop", "recomputation", "buffers"]:
+        text = (RESULTS / f"{name}.txt").read_text().splitlines()
+        keep = [
+            line
+            for line in text
+            if line.startswith("|") or not line.startswith(("{", "compiled"))
+        ]
+        start = next(i for i, line in enumerate(keep) if line.strip())
+        (GENERATED / f"{name}.md").write_text("\n".join(keep[start:]).strip() + "\n")
 
 
 def gradient_time():
@@ -92,8 +108,8 @@ def schedule(n=40, slots=4):
     ax.set(
         xlabel="step index",
         ylabel="body evaluation (time)",
-        title=f"One gradient, n = {n} steps, {slots} checkpoint slots\n"
-        "black: forward, blue: recomputation, red: reversed; grey: checkpoints",
+        title=f"One gradient: n = {n} steps, {slots} slots\n"
+        "black forward, blue recomputed, red reversed,\ngrey lines: forward checkpoints",
     )
     fig.tight_layout()
     fig.savefig(IMAGES / "schedule.png", dpi=120)
@@ -101,6 +117,8 @@ def schedule(n=40, slots=4):
 
 if __name__ == "__main__":
     IMAGES.mkdir(parents=True, exist_ok=True)
+    GENERATED.mkdir(parents=True, exist_ok=True)
+    tables()
     schedule()
     gradient_time()
     recomputation()

@@ -12,11 +12,12 @@ import argparse
 import json
 import pathlib
 
-import boundedloop as bl
 import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 from _common import EvalCounter
+
+import boundedloop as bl
 from boundedloop._schedule import gradient_body_evaluations, optimal_placement_costs
 
 

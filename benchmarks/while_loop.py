@@ -13,7 +13,6 @@ import platform
 import statistics
 import time
 
-import boundedloop as bl
 import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
@@ -27,6 +26,8 @@ from _common import (
     temp_bytes,
 )
 from jax import lax
+
+import boundedloop as bl
 
 
 TRIPS = 8

@@ -132,7 +132,7 @@ class Write:
     pred: Any
 
 
-class _Trace:
+class StepTrace:
     """One evaluation of the body: the buffers' state and what it read and wrote."""
 
     def __init__(self, arrays, dummies, active, written):
@@ -200,7 +200,7 @@ class Buffer:
     most once per loop, and only written locations may be read.
     """
 
-    def __init__(self, trace: _Trace, leaf: int):
+    def __init__(self, trace: StepTrace, leaf: int):
         self._trace = trace
         self._leaf = leaf
 

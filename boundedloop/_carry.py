@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from ._buffers import _Trace, Buffer, checks_enabled, find_buffers
+from ._buffers import Buffer, checks_enabled, find_buffers, StepTrace
 from ._errors import check_carry_match, check_predicate
 
 
@@ -117,7 +117,9 @@ def _generic_body(body_fun, layout: Layout, like, name: str):
 
     def generic(x, bufs, dummies, active, written):
         # `written`: None, or (masks, violations) of the buffer checks
-        trace = _Trace(bufs, dummies, active, None if written is None else written[0])
+        trace = StepTrace(
+            bufs, dummies, active, None if written is None else written[0]
+        )
         views = [Buffer(trace, k) for k in range(len(bufs))]
         out = body_fun(layout.rebuild(x, views))
         out = _returns_weak_scalars_cast(out, like)
@@ -177,7 +179,7 @@ def trace_loop(cond_fun, body_fun, init_val, buffers_fn, name: str) -> TracedLoo
 
     # first trace: check the output carry and record the buffer reads
     def shape_body(x, bufs):
-        trace = _Trace(bufs, None, jnp.array(True), None)
+        trace = StepTrace(bufs, None, jnp.array(True), None)
         views = [Buffer(trace, k) for k in range(len(bufs))]
         out = body_fun(layout.rebuild(x, views))
         out = jtu.tree_map(

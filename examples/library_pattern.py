@@ -12,10 +12,11 @@ gradients, everything else is static.
 
 from collections.abc import Callable
 
-import boundedloop as bl
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
+
+import boundedloop as bl
 
 
 # ---- library code -----------------------------------------------------------------

@@ -10,10 +10,11 @@ with the usual nested `lax.scan` + `lax.cond` loop it grows with `max_steps`.
 import argparse
 import time
 
-import boundedloop as bl
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+import boundedloop as bl
 
 
 def mlp(weights, x):

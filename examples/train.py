@@ -11,12 +11,13 @@ vmapped over a batch of initial conditions.
 
 import argparse
 
-import boundedloop as bl
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg
 import optax
+
+import boundedloop as bl
 
 
 class AdaptiveHeun(bl.LoopModule):

@@ -4,12 +4,13 @@ array normally; vmap; the opt-in misuse check; no copies in the compiled loop.""
 import functools
 import re
 
-import boundedloop as bl
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+
+import boundedloop as bl
 
 from .helpers import tree_allclose
 

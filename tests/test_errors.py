@@ -1,9 +1,10 @@
 """Bad input gets a clear error before the loop is traced."""
 
-import boundedloop as bl
 import jax
 import jax.numpy as jnp
 import pytest
+
+import boundedloop as bl
 
 
 def body(c):

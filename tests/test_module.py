@@ -1,11 +1,12 @@
 """`LoopModule`, `Loop` and the filtered transforms."""
 
-import boundedloop as bl
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import pytest
+
+import boundedloop as bl
 
 from .helpers import scan_loop, tree_allclose
 

@@ -1,16 +1,17 @@
 """`bl.scan` and `bl.fori_loop` against `lax.scan` / `lax.fori_loop`."""
 
-import boundedloop as bl
 import jax
 import jax.numpy as jnp
 import pytest
+from jax import lax
+
+import boundedloop as bl
 from boundedloop._schedule import (
     gradient_body_evaluations,
     offline_placement,
     optimal_placement_costs,
     placement_cost,
 )
-from jax import lax
 
 from .helpers import Counter, tree_allclose
 

@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pytest
+
 from boundedloop._schedule import (
     forward_placement,
     gradient_body_evaluations,

@@ -1,9 +1,10 @@
 """Exact structural facts: body evaluations, recomputation order, program size."""
 
-import boundedloop as bl
 import jax
 import jax.numpy as jnp
 import pytest
+
+import boundedloop as bl
 from boundedloop._schedule import (
     forward_placement,
     gradient_body_evaluations,

@@ -2,12 +2,13 @@
 
 import functools
 
-import boundedloop as bl
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+
+import boundedloop as bl
 
 from .helpers import python_while, scan_loop, tree_allclose, tree_equal
 
