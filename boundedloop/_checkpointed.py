@@ -14,7 +14,7 @@ import jax.tree_util as jtu
 from ._carry import Layout, TracedLoop
 from ._forward import checkpointed_sweep, plain_sweep, PLANNING_HORIZON
 from ._reverse import reverse_sweep
-from ._step import advance, float_part, is_float, make_step_vjp
+from ._step import float_part, is_float, make_step_vjp
 
 
 class LoopConfig(eqx.Module):
@@ -68,12 +68,8 @@ def _loop_bwd(tape, ct_final, perturbed, diff, nondiff, config: LoopConfig):
     wanted = jtu.tree_map(lambda p, leaf: p and is_float(leaf), body_perturbed, body)
     step_vjp, apply_updates, ct_body_zero = make_step_vjp(body, config.layout, wanted)
     ct_x, ct_bufs = ct_final
-
-    def step_fn(x, bufs):
-        return advance(body, config.layout, x, bufs, jnp.array(True))[0]
-
+    max_steps = config.max_steps
     ct_body, ct_x, ct_bufs = reverse_sweep(
-        step_fn,
         step_vjp,
         apply_updates,
         tape,
@@ -82,5 +78,6 @@ def _loop_bwd(tape, ct_final, perturbed, diff, nondiff, config: LoopConfig):
         ct_body_zero,
         config.checkpoints,
         PLANNING_HORIZON,
+        every_step_stored=max_steps is not None and config.checkpoints >= max_steps,
     )
     return ct_body, ct_x, ct_bufs

@@ -44,7 +44,6 @@ def split_rule(slots: int, max_length: int) -> Callable:
 
 
 def reverse_sweep(
-    step_fn: Callable,
     step_vjp: Callable,
     apply_updates: Callable,
     tape: Tape,
@@ -53,20 +52,22 @@ def reverse_sweep(
     ct_params_zero,
     slots: int,
     max_length: int,
+    every_step_stored: bool = False,
 ):
     """Reverse the loop recorded in `tape`.
 
     **Arguments:**
 
-    - `step_fn`: `(x, bufs) -> x'`, one step of the loop.
-    - `step_vjp`: `(x, bufs, ct_x', ct_bufs, active) -> (ct_params, ct_x, updates)`,
-        its vector-Jacobian product, and `apply_updates(ct_bufs, updates, when)`
-        (see `_step.make_step_vjp`).
+    - `step_vjp`: `(x, bufs, ct_bufs, active) -> (x', pullback)`, one step
+        linearized, and `apply_updates(ct_bufs, updates, when)` (see
+        `_step.make_step_vjp`).
     - `tape`: the forward sweep's `Tape`.
     - `ct_final`, `ct_bufs`: the cotangents of the final carry and buffers.
     - `ct_params_zero`: zeros shaped like `ct_params`.
     - `slots`: the number of checkpoint slots.
     - `max_length`: sizes the split table (longer segments stay correct).
+    - `every_step_stored`: the forward stored every state (`slots >= max_steps`),
+        so every iteration reverses a step and there is nothing to choose.
 
     **Returns:**
 
@@ -86,7 +87,7 @@ def reverse_sweep(
 
     i, x, target = top_segment(depth, order_pos, tape.storage, tape.length)
     shapes = jax.eval_shape(
-        lambda: step_vjp(x, bufs, ct_final, ct_bufs, jnp.array(True))[2]
+        lambda: step_vjp(x, bufs, ct_bufs, jnp.array(True))[1](ct_final)[2]
     )
     no_updates = jtu.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
@@ -95,13 +96,15 @@ def reverse_sweep(
 
     def body(state):
         i, end, depth, target, order_pos, storage, x, ct, ct_bufs, ct_params = state
-        turn = i == end - 1
+        turn = jnp.array(True) if every_step_stored else i == end - 1
         # elements whose loop had already stopped at step i neither move nor
         # pass anything but `ct` through
         active = i < tape.trips
+        # the step's forward evaluation happens here, once, whichever branch runs
+        new_x, pullback = step_vjp(x, bufs, ct_bufs, active)
 
         def reverse(x, ct, ct_params):
-            d_params, d_x, updates = step_vjp(x, bufs, ct, ct_bufs, active)
+            d_params, d_x, updates = pullback(ct)
             d_params = select_if_batched(
                 active, d_params, jtu.tree_map(jnp.zeros_like, d_params)
             )
@@ -109,12 +112,16 @@ def reverse_sweep(
             return x, select_if_batched(active, d_x, ct), ct_params, updates
 
         def advance(x, ct, ct_params):
-            x = select_if_batched(active, step_fn(x, bufs), x)
-            return x, ct, ct_params, no_updates
+            return select_if_batched(active, new_x, x), ct, ct_params, no_updates
 
-        # the buffers' cotangents stay out of the cond (passing them through its
-        # branches would copy them every iteration); their updates come out instead
-        x, ct, ct_params, updates = lax.cond(turn, reverse, advance, x, ct, ct_params)
+        if every_step_stored:
+            x, ct, ct_params, updates = reverse(x, ct, ct_params)
+        else:
+            # the buffers' cotangents stay out of the cond (passing them through
+            # its branches would copy them every iteration); their updates come out
+            x, ct, ct_params, updates = lax.cond(
+                turn, reverse, advance, x, ct, ct_params
+            )
         ct_bufs = apply_updates(ct_bufs, updates, turn)
         # after an advance: store the new state if it starts the next segment
         i_next = i + 1

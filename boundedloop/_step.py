@@ -32,7 +32,12 @@ def advance(body, layout, x, bufs, active, written=None):
 
 
 def make_step_vjp(body, layout, wanted):
-    """`step_vjp(x, bufs, ct_x', ct_bufs, active) -> (ct_body, ct_x, updates)`.
+    """`step_vjp(x, bufs, ct_bufs, active) -> (x', pullback)`, with
+    `pullback(ct_x') -> (ct_body, ct_x, updates)`.
+
+    Linearizing evaluates the step once; `x'` is its result, so a caller that only
+    wants to advance can use `x'` and never call `pullback` (the reverse sweep does
+    this, keeping the step's forward evaluation outside its `lax.cond`).
 
     `ct_body` covers the leaves of `body` where `wanted` (bools shaped like `body`)
     is true, `ct_x` the floating leaves of `x`. Leaving the rest out matters: a weight
@@ -49,7 +54,7 @@ def make_step_vjp(body, layout, wanted):
         if jnp.issubdtype(r.dtype, jnp.inexact)
     ]
 
-    def step_vjp(x, bufs, ct, ct_bufs, active):
+    def step_vjp(x, bufs, ct_bufs, active):
         diff_x, static_x = eqx.partition(x, is_float)
         stand_ins = dummies(layout)
 
@@ -65,13 +70,19 @@ def make_step_vjp(body, layout, wanted):
                 None,
             )
             values = tuple(v if is_float(v) else None for v, _, _ in writes)
-            aux = tuple((i, p) for _, i, p in writes), reads
-            return (float_part(new_x), values), aux
+            diff_new, static_new = eqx.partition(new_x, is_float)
+            aux = tuple((i, p) for _, i, p in writes), reads, static_new
+            return (diff_new, values), aux
 
         float_dummies = tuple(stand_ins[k] for k in float_reads)
-        _, pullback, (writes, reads) = jax.vjp(
+        (diff_new, _), vjp_fn, (writes, reads, static_new) = jax.vjp(
             f, diff_body, diff_x, float_dummies, has_aux=True
         )
+        return eqx.combine(diff_new, static_new), lambda ct: _pullback(
+            vjp_fn, writes, reads, ct, ct_bufs, active
+        )
+
+    def _pullback(vjp_fn, writes, reads, ct, ct_bufs, active):
         ct_writes, cleared = [], []
         for leaf, (index, pred) in zip(layout.write_leaves, writes):
             if ct_bufs[leaf] is None:
@@ -80,7 +91,7 @@ def make_step_vjp(body, layout, wanted):
             here = get(ct_bufs[leaf], index)
             ct_writes.append(jnp.where(pred, here, jnp.zeros_like(here)))
             cleared.append((index, jnp.logical_and(pred, active)))
-        d_body, d_x, d_reads = pullback((ct, tuple(ct_writes)))
+        d_body, d_x, d_reads = vjp_fn((ct, tuple(ct_writes)))
         added = []
         for k, d in zip(float_reads, d_reads):
             index, fresh = reads[k]
