@@ -10,6 +10,7 @@ import argparse
 import json
 import pathlib
 import platform
+import random
 import statistics
 import time
 
@@ -101,23 +102,33 @@ def prepare(kind, max_steps, checkpoints, weights, x, forward_only=False):
     return row, fns
 
 
+def fn_slow(fn, weights, x):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(weights, x))
+    return time.perf_counter() - t0 > 0.5
+
+
 def time_interleaved(entries, weights, x, rounds):
-    """Median times, measured round-robin so that every implementation sees the same
-    machine load; calls slower than 0.5 s are timed twice, outside the rounds."""
+    """Median times, measured round-robin in a shuffled order so that every
+    implementation sees the same machine load. Calls slower than 20 ms (the
+    baselines whose gradients touch gigabytes) are timed outside the rounds, so
+    that they do not slow down whatever runs after them."""
     fast, slow = [], []
     for row, fns in entries:
         for key, fn in fns.items():
             t0 = time.perf_counter()
             jax.block_until_ready(fn(weights, x))
-            (slow if time.perf_counter() - t0 > 0.5 else fast).append((row, key, fn))
+            (slow if time.perf_counter() - t0 > 0.02 else fast).append((row, key, fn))
     samples = {(id(row), key): [] for row, key, _ in fast + slow}
+    order = random.Random(0)
     for _ in range(rounds):
+        order.shuffle(fast)
         for row, key, fn in fast:
             t0 = time.perf_counter()
             jax.block_until_ready(fn(weights, x))
             samples[(id(row), key)].append(time.perf_counter() - t0)
     for row, key, fn in slow:
-        for _ in range(2):
+        for _ in range(2 if fn_slow(fn, weights, x) else 5):
             t0 = time.perf_counter()
             jax.block_until_ready(fn(weights, x))
             samples[(id(row), key)].append(time.perf_counter() - t0)
