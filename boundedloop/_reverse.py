@@ -80,12 +80,10 @@ def reverse_sweep(
     order_pos = tape.positions[order]
     depth = jnp.sum(tape.positions != _slots.UNUSED).astype(jnp.int32)
 
-    def top_segment(depth, order_pos, storage, end):
-        top = jnp.maximum(depth - 1, 0)
-        i = order_pos[top]
-        return i, _slots.load(storage, order[top]), i + split(end - i, slots - top)
-
-    i, x, target = top_segment(depth, order_pos, tape.storage, tape.length)
+    top = jnp.maximum(depth - 1, 0)
+    i = order_pos[top]
+    x = _slots.load(tape.storage, order[top])
+    target = i + split(tape.length - i, slots - top)
     shapes = jax.eval_shape(
         lambda: step_vjp(x, bufs, ct_bufs, jnp.array(True))[1](ct_final)[2]
     )
@@ -134,11 +132,13 @@ def reverse_sweep(
         end = end - turn.astype(jnp.int32)
         done = turn & (end == order_pos[jnp.maximum(depth - 1, 0)])
         depth = depth - done.astype(jnp.int32)
-        top_i, top_x, top_target = top_segment(depth, order_pos, storage, end)
-        new_target = i_next + split(end - i_next, slots - (depth - 1))
-        i = jnp.where(turn, top_i, i_next)
-        x = _slots.select(turn, top_x, x)
-        target = jnp.where(turn, top_target, jnp.where(push, new_target, target))
+        # the next segment starts at the restored top (after a reversal) or at the
+        # state just stored (after a push); either way it is the top of the stack
+        top = jnp.maximum(depth - 1, 0)
+        i = jnp.where(turn, order_pos[top], i_next)
+        x = _slots.select(turn, _slots.load(storage, order[top]), x)
+        planned = i + split(end - i, slots - top)
+        target = jnp.where(turn | push, planned, target)
         return i, end, depth, target, order_pos, storage, x, ct, ct_bufs, ct_params
 
     state = (
