@@ -6,6 +6,7 @@ from typing import Any, TypeVar
 from ._carry import trace_loop
 from ._checkpointed import checkpointed_loop, LoopConfig
 from ._errors import check_checkpoints, check_max_steps
+from ._max_steps import check_stopped
 
 
 Carry = TypeVar("Carry")
@@ -54,7 +55,9 @@ def while_loop(
         carried (and differentiated, if floating); other leaves are static and must
         be returned unchanged.
     - `max_steps`: a non-negative `int`, the most steps to take; or `None` for no
-        bound (then `checkpoints` must be given).
+        bound (then `checkpoints` must be given). Reaching it stops the loop
+        silently, as `lax` would; inside `with bl.max_steps_check():` it is an
+        error instead.
     - `checkpoints`: how many copies of the carry the backward pass may hold, a
         positive `int`. `None` picks every step when `max_steps <= 16`, otherwise
         `ceil(log2(max_steps)) + 4` (16 at `max_steps=4096`). More checkpoints
@@ -109,9 +112,12 @@ def run_loop(
         )
     loop = trace_loop(cond_fun, body_fun, init_val, buffers, name)
     if max_steps == 0:
-        return loop.finish(loop.init, loop.bufs)
-    config = LoopConfig(max_steps, checkpoints, loop.layout, known_length)
-    x, bufs = checkpointed_loop(
-        (loop.body, loop.init, loop.bufs), (loop.cond, loop.checked_body), config
-    )
+        x, bufs = loop.init, loop.bufs
+    else:
+        config = LoopConfig(max_steps, checkpoints, loop.layout, known_length)
+        x, bufs = checkpointed_loop(
+            (loop.body, loop.init, loop.bufs), (loop.cond, loop.checked_body), config
+        )
+    if not known_length:  # a scan always takes all its steps
+        x, bufs = check_stopped(loop, x, bufs, max_steps, name)
     return loop.finish(x, bufs)

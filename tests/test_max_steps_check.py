@@ -1,0 +1,193 @@
+"""`bl.max_steps_check`: an opt-in error when a loop runs out of steps."""
+
+import functools
+
+import equinox as eqx
+import jax
+import jax.extend.core
+import jax.numpy as jnp
+import pytest
+
+import boundedloop as bl
+
+from .helpers import scan_loop, tree_allclose
+
+
+MAX_STEPS = 6
+MESSAGE = "reached max_steps=6 while `cond_fun` was still true"
+
+
+def body(carry):
+    x, i = carry
+    return jnp.sin(x) * 1.1 + 0.2, i + 1
+
+
+def loop(x, n, max_steps=MAX_STEPS):
+    """Takes `min(n, max_steps)` steps; runs out of steps when `n > max_steps`."""
+    return bl.while_loop(
+        lambda c: c[1] < n, body, (x, jnp.array(0)), max_steps=max_steps, checkpoints=2
+    )
+
+
+def loss(x, n):
+    return jnp.sum(loop(x, n)[0] ** 2)
+
+
+@functools.cache
+def compiled(kind: str, checked: bool):
+    """One compiled function per kind; the trip count `n` is traced."""
+    fn = {
+        "forward": loop,
+        "grad": jax.grad(loss),
+        "vmap": jax.vmap(loop),
+        "vmap_grad": jax.vmap(jax.grad(loss)),
+    }[kind]
+    with bl.max_steps_check(checked):
+        # trace and compile now, under the setting. A fresh function each time: JAX
+        # caches traces by function, and the setting is not part of that key.
+        return jax.jit(lambda *args: fn(*args)).lower(*ARGS[kind]).compile()
+
+
+X = jnp.array([0.3, -0.4])
+ARGS = {
+    "forward": (X, jnp.array(0)),
+    "grad": (X, jnp.array(0)),
+    "vmap": (jnp.stack([X, -X, 2 * X]), jnp.zeros(3, jnp.int32)),
+    "vmap_grad": (jnp.stack([X, -X, 2 * X]), jnp.zeros(3, jnp.int32)),
+}
+
+
+def _primitives(jaxpr):
+    out = []
+    for eqn in jaxpr.eqns:
+        out.append(eqn.primitive.name)
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            out += _primitives(sub)
+    return out
+
+
+def test_off_by_default_and_free():
+    # hitting max_steps is silent without the check ...
+    out = jax.jit(lambda x, n: loop(x, n))(X, jnp.array(50))
+    assert int(out[1]) == MAX_STEPS
+    # ... and the program has no error check in it
+    off = _primitives(jax.make_jaxpr(lambda x, n: loop(x, n))(X, jnp.array(50)).jaxpr)
+    with bl.max_steps_check():
+        on = _primitives(
+            jax.make_jaxpr(lambda x, n: loop(x, n))(X, jnp.array(50)).jaxpr
+        )
+    assert "callback" not in off and "pure_callback" not in off
+    assert "cond" in on and len(on) > len(off)
+
+
+@pytest.mark.parametrize("n", [50, MAX_STEPS + 1])
+def test_raises_when_max_steps_is_reached(n):
+    with bl.max_steps_check():
+        with pytest.raises(Exception, match="reached max_steps=6") as info:
+            loop(X, jnp.array(n))  # eager
+    message = str(info.value)
+    assert "Raise `max_steps`" in message
+    with pytest.raises(Exception, match=MESSAGE):
+        jax.block_until_ready(compiled("forward", True)(X, jnp.array(n)))
+
+
+@pytest.mark.parametrize("n", [0, 3, MAX_STEPS])
+def test_silent_when_the_loop_ends_by_itself(n):
+    """Including a loop that ends at exactly `max_steps` steps."""
+    out = compiled("forward", True)(X, jnp.array(n))
+    assert int(out[1]) == n
+    with bl.max_steps_check():
+        out = loop(X, jnp.array(n))
+    assert int(out[1]) == n
+
+
+def test_silent_when_off():
+    out = compiled("forward", False)(X, jnp.array(50))
+    assert int(out[1]) == MAX_STEPS
+    with bl.max_steps_check():
+        with bl.max_steps_check(False):
+            assert int(loop(X, jnp.array(50))[1]) == MAX_STEPS
+        # the setting is restored on exit
+        with pytest.raises(Exception, match=MESSAGE):
+            loop(X, jnp.array(50))
+
+
+def test_setting_is_read_at_trace_time():
+    f = jax.jit(lambda x, n: loop(x, n))
+    with bl.max_steps_check():
+        f(X, jnp.array(2))  # traced (and compiled) with the check
+    with pytest.raises(Exception, match=MESSAGE):
+        jax.block_until_ready(f(X, jnp.array(50)))  # outside the block: still checked
+    g = jax.jit(lambda x, n: loop(x, n))
+    g(X, jnp.array(2))  # traced without the check
+    with bl.max_steps_check():
+        assert int(g(X, jnp.array(50))[1]) == MAX_STEPS  # inside: still unchecked
+
+
+def test_vmap_one_element_running_out_raises():
+    f = compiled("vmap", True)
+    xs = ARGS["vmap"][0]
+    out = f(xs, jnp.array([2, MAX_STEPS, 0]))
+    assert out[1].tolist() == [2, MAX_STEPS, 0]
+    with pytest.raises(Exception, match=MESSAGE):
+        jax.block_until_ready(f(xs, jnp.array([2, MAX_STEPS + 1, 0])))
+    # unchecked: the element that ran out just stops
+    out = compiled("vmap", False)(xs, jnp.array([2, MAX_STEPS + 1, 0]))
+    assert out[1].tolist() == [2, MAX_STEPS, 0]
+
+
+def test_grad():
+    f = compiled("grad", True)
+    for n in [0, 4, MAX_STEPS]:
+        expected = jax.grad(lambda x: jnp.sum(scan_loop(body, (x, 0), n)[0] ** 2))(X)
+        assert tree_allclose(f(X, jnp.array(n)), expected)
+    with pytest.raises(Exception, match=MESSAGE):
+        jax.block_until_ready(f(X, jnp.array(MAX_STEPS + 1)))
+    g = compiled("vmap_grad", True)
+    xs = ARGS["vmap_grad"][0]
+    assert tree_allclose(
+        g(xs, jnp.array([1, MAX_STEPS, 3])),
+        compiled("vmap_grad", False)(xs, jnp.array([1, MAX_STEPS, 3])),
+    )
+    with pytest.raises(Exception, match=MESSAGE):
+        jax.block_until_ready(g(xs, jnp.array([1, MAX_STEPS, 30])))
+
+
+def test_zero_max_steps_and_unbounded():
+    with bl.max_steps_check():
+        with pytest.raises(Exception, match="reached max_steps=0"):
+            loop(X, jnp.array(1), max_steps=0)
+        assert int(loop(X, jnp.array(0), max_steps=0)[1]) == 0
+        out = bl.while_loop(
+            lambda c: c[1] < 9, body, (X, 0), max_steps=None, checkpoints=2
+        )
+        assert int(out[1]) == 9
+
+
+def test_scan_and_fori_loop_never_fire():
+    with bl.max_steps_check():
+        final, ys = bl.scan(lambda c, x: (c + x, c), jnp.array(0.0), jnp.arange(4.0))
+        assert float(final) == 6.0
+        assert float(bl.fori_loop(0, 3, lambda i, v: v + i, 0)) == 3
+
+
+class Halving(bl.LoopModule):
+    tol: float
+
+    def cond(self, carry):
+        return carry > self.tol
+
+    def body(self, carry):
+        return carry / 2
+
+
+def test_loop_module_run():
+    module = Halving(0.1)
+    with bl.max_steps_check():
+        assert float(module.run(jnp.array(1.0), max_steps=4)) == 1 / 16
+        with pytest.raises(Exception, match="reached max_steps=3"):
+            module.run(jnp.array(1.0), max_steps=3)
+        f = bl.filter_jit(lambda m, x: m.run(x, max_steps=3))
+        with pytest.raises(Exception, match="reached max_steps=3"):
+            jax.block_until_ready(f(module, jnp.array(1.0)))
+    assert isinstance(module, eqx.Module)
