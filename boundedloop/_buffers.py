@@ -112,12 +112,21 @@ def _read(array, idx, dummy):
     return get(array, idx)
 
 
-@_read.defjvp
 def _read_jvp(primals, tangents):
     array, idx, dummy = primals
-    # the buffer's own tangent is handled by the reverse sweep; the dummy's is the
-    # tangent of the value read
-    return _read(array, idx, dummy), tangents[2]
+    t_array, _, t_dummy = tangents
+    # Reverse mode differentiates a step with respect to the dummy only: its tangent
+    # is that of the value read. Forward mode carries the buffer's own tangent, read
+    # at the same location.
+    out = _read(array, idx, dummy)
+    zero = jax.custom_derivatives.SymbolicZero
+    if isinstance(t_array, zero):
+        return out, t_dummy
+    t_out = get(t_array, idx)
+    return out, t_out if isinstance(t_dummy, zero) else t_out + t_dummy
+
+
+_read.defjvp(_read_jvp, symbolic_zeros=True)
 
 
 def _same_index(a, b):

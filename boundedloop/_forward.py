@@ -160,3 +160,29 @@ def checkpointed_sweep(
         cond, step, state
     )
     return (x, bufs), Tape(storage, positions, trips, length, bufs)
+
+
+def replay_sweep(body, layout, x, bufs, trips, length):
+    """The steps a checkpointed sweep took, again, from `x` and `bufs`.
+
+    `trips` and `length` come from its `Tape`: the replay runs `length` iterations and
+    each element steps while its own count is below `trips`, without evaluating the
+    predicate (evaluating it again could round differently and stop elsewhere). The
+    forward-mode tangent of the loop is the JVP of this sweep.
+
+    **Returns:**
+
+    The final `(x, bufs)`.
+    """
+
+    def cond(state):
+        return state[0] < length
+
+    def step(state):
+        t, x, bufs = state
+        active = t < trips
+        new_x, bufs, _ = advance(body, layout, x, bufs, active)
+        return t + 1, select_if_batched(active, new_x, x), bufs
+
+    _, x, bufs = lax.while_loop(cond, step, (jnp.array(0, jnp.int32), x, bufs))
+    return x, bufs

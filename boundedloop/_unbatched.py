@@ -10,10 +10,11 @@ becomes batched too. Reducing the predicate over the batch first keeps the loop'
 control unbatched; the loop body then masks finished elements itself.
 """
 
+import jax
 import jax.extend.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
-from jax.interpreters import batching, mlir
+from jax.interpreters import ad, batching, mlir
 
 
 def _impl(pred):
@@ -34,6 +35,11 @@ any_across_batch_p = jax.extend.core.Primitive("boundedloop_any_across_batch")
 any_across_batch_p.def_impl(_impl)
 any_across_batch_p.def_abstract_eval(_abstract_eval)
 batching.primitive_batchers[any_across_batch_p] = _batch
+# a boolean: no tangent
+ad.primitive_jvps[any_across_batch_p] = lambda primals, tangents: (
+    any_across_batch_p.bind(*primals),
+    _zero_like(jnp.zeros((), bool)),
+)
 mlir.register_lowering(
     any_across_batch_p, mlir.lower_fun(_impl, multiple_results=False)
 )
@@ -61,14 +67,29 @@ def _select_batch(args, dims):
     pred, *operands = args
     pred_dim, *operand_dims = dims
     half = len(operands) // 2
+    pairs = zip(
+        operands[:half], operands[half:], operand_dims[:half], operand_dims[half:]
+    )
     if pred_dim is None:
-        return operands[:half], operand_dims[:half]
+        # Unbatched at this level, but `pred` may still be batched by an enclosing
+        # `vmap` (say `vmap(jacfwd(f))`), where it can be false: select again one
+        # level down, with this level's batch axis in front of both operands.
+        size = next(o.shape[d] for o, d in zip(operands, operand_dims) if d is not None)
+        news, olds, out_dims = [], [], []
+        for new, old, d_new, d_old in pairs:
+            if d_new is None and d_old is None:
+                out_dims.append(None)
+            else:
+                new = batching.bdim_at_front(new, d_new, size)
+                old = batching.bdim_at_front(old, d_old, size)
+                out_dims.append(0)
+            news.append(new)
+            olds.append(old)
+        return select_if_batched_p.bind(pred, *news, *olds), out_dims
     size = pred.shape[pred_dim]
     pred = jnp.moveaxis(pred, pred_dim, 0)
     out = []
-    for new, old, d_new, d_old in zip(
-        operands[:half], operands[half:], operand_dims[:half], operand_dims[half:]
-    ):
+    for new, old, d_new, d_old in pairs:
         new = batching.bdim_at_front(new, d_new, size)
         old = batching.bdim_at_front(old, d_old, size)
         p = pred.reshape(pred.shape + (1,) * (new.ndim - pred.ndim))
@@ -76,11 +97,60 @@ def _select_batch(args, dims):
     return out, [0] * half
 
 
+def _select_jvp(primals, tangents):
+    pred, *operands = primals
+    _, *t_operands = tangents
+    half = len(operands) // 2
+    out = select_if_batched_p.bind(pred, *operands)
+    pairs = list(zip(t_operands[:half], t_operands[half:]))
+    live = [k for k, (a, b) in enumerate(pairs) if not (_zero(a) and _zero(b))]
+    t_out = [_zero_like(o) for o in out]
+    if live:
+        t_new = [ad.instantiate_zeros(pairs[k][0]) for k in live]
+        t_old = [ad.instantiate_zeros(pairs[k][1]) for k in live]
+        for k, t in zip(live, select_if_batched_p.bind(pred, *t_new, *t_old)):
+            t_out[k] = t
+    return out, t_out
+
+
+def _select_transpose(cts, pred, *operands):
+    # linear in the operands; `pred` is never differentiated
+    half = len(operands) // 2
+    cts = [
+        ad.instantiate_zeros(ct) if not _zero(ct) else None for ct in cts
+    ]
+    ct_new, ct_old = [None] * half, [None] * half
+    live = [k for k, ct in enumerate(cts) if ct is not None]
+    if live:
+        zeros = [jnp.zeros_like(cts[k]) for k in live]
+        for k, a, b in zip(
+            live,
+            select_if_batched_p.bind(pred, *[cts[k] for k in live], *zeros),
+            select_if_batched_p.bind(pred, *zeros, *[cts[k] for k in live]),
+        ):
+            ct_new[k], ct_old[k] = a, b
+    return [None] + [
+        ct if ad.is_undefined_primal(x) else None
+        for ct, x in zip(ct_new + ct_old, operands)
+    ]
+
+
+def _zero(t):
+    return type(t) is ad.Zero
+
+
+def _zero_like(x):
+    """A symbolic zero tangent for the primal `x`."""
+    return ad.Zero(jax.typeof(x).to_tangent_aval())
+
+
 select_if_batched_p = jax.extend.core.Primitive("boundedloop_select_if_batched")
 select_if_batched_p.multiple_results = True
 select_if_batched_p.def_impl(_select_impl)
 select_if_batched_p.def_abstract_eval(_select_abstract_eval)
 batching.primitive_batchers[select_if_batched_p] = _select_batch
+ad.primitive_jvps[select_if_batched_p] = _select_jvp
+ad.primitive_transposes[select_if_batched_p] = _select_transpose
 mlir.register_lowering(
     select_if_batched_p, mlir.lower_fun(_select_impl, multiple_results=True)
 )

@@ -1,0 +1,222 @@
+"""The loop's tangent as a linear primitive, and a guard against reverse-over-reverse.
+
+`loop_tangent(residuals, tangents, ...)` is linear in `tangents`. It is bound by the
+loop's custom JVP rule and carries two Python functions as parameters:
+
+- `jvp_fn(residuals, tangents) -> out`: the tangent loop (forward mode). It is the
+  primitive's implementation and lowering, so `jax.jvp` and `jax.linearize` run it.
+- `vjp_fn(residuals, cts) -> cts_in`: its transpose, the checkpointed reverse sweep.
+  `jax.grad` never runs the tangent loop: it linearizes (the tangent stays
+  symbolic) and transposes, which calls `vjp_fn` on the checkpoints the primal pass
+  saved as residuals.
+
+Under `vmap` both functions are vmapped. The JVP of the primitive (forward over
+forward) is the JVP of `jvp_fn`.
+
+`forward_only(tree)` is the identity with a tangent that cannot be transposed: it
+wraps the reverse sweep's results, so that forward-over-reverse (`jax.hessian`) works
+and reverse-over-reverse fails with a message that says what to do instead.
+"""
+
+import jax
+import jax.extend.core
+import jax.numpy as jnp
+import jax.tree_util as jtu
+from jax.interpreters import ad, batching, mlir
+
+
+def _impl(*args, n_res, jvp_fn, vjp_fn, out_avals, loop_effects):
+    del vjp_fn, out_avals, loop_effects
+    return jvp_fn(list(args[:n_res]), list(args[n_res:]))
+
+
+def _abstract_eval(*args, n_res, jvp_fn, vjp_fn, out_avals, loop_effects):
+    del args, n_res, jvp_fn, vjp_fn
+    return list(out_avals), loop_effects
+
+
+def _transpose(cts, *args, n_res, jvp_fn, vjp_fn, out_avals, loop_effects):
+    del jvp_fn, loop_effects
+    residuals, linear = args[:n_res], args[n_res:]
+    if any(ad.is_undefined_primal(r) for r in residuals):
+        raise RuntimeError(
+            "boundedloop: the loop's tangent was transposed with respect to its "
+            "residuals; this is a bug, please report it."
+        )
+    cts = [
+        jnp.zeros(a.shape, a.dtype) if type(ct) is ad.Zero else ct
+        for ct, a in zip(cts, out_avals)
+    ]
+    cts_in = vjp_fn(list(residuals), cts)
+    assert len(cts_in) == len(linear)
+    return [None] * n_res + list(cts_in)
+
+
+def _move(x, dim, size):
+    """`x` with its batch axis (`dim`, or none) at the front."""
+    return batching.bdim_at_front(x, dim, size)
+
+
+def _batch(args, dims, *, n_res, jvp_fn, vjp_fn, out_avals, loop_effects):
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    args = [a if d is None else _move(a, d, size) for a, d in zip(args, dims)]
+    axes = [None if d is None else 0 for d in dims]
+    res_axes, lin_axes = axes[:n_res], axes[n_res:]
+    batched_jvp = jax.vmap(jvp_fn, in_axes=(res_axes, lin_axes), out_axes=0)
+    per_element_vjp = jax.vmap(vjp_fn, in_axes=(res_axes, 0), out_axes=0)
+
+    def batched_vjp(residuals, cts):
+        cts_in = per_element_vjp(residuals, cts)
+        # a tangent input without a batch axis gets the sum over the batch
+        return [c if a == 0 else jnp.sum(c, axis=0) for c, a in zip(cts_in, lin_axes)]
+
+    out = loop_tangent_p.bind(
+        *args,
+        n_res=n_res,
+        jvp_fn=batched_jvp,
+        vjp_fn=batched_vjp,
+        out_avals=tuple(jax.extend.core.unmapped_aval(size, 0, a) for a in out_avals),
+        loop_effects=loop_effects,
+    )
+    return out, [0] * len(out)
+
+
+def _jvp(primals, tangents, *, n_res, jvp_fn, vjp_fn, out_avals, loop_effects):
+    out = loop_tangent_p.bind(
+        *primals,
+        n_res=n_res,
+        jvp_fn=jvp_fn,
+        vjp_fn=vjp_fn,
+        out_avals=out_avals,
+        loop_effects=loop_effects,
+    )
+    residuals, linear = list(primals[:n_res]), list(primals[n_res:])
+    d_res = [ad.instantiate_zeros(t) for t in tangents[:n_res]]
+    d_lin = tangents[n_res:]
+    # linear in the tangent inputs: the primitive again, on their tangents
+    if all(type(t) is ad.Zero for t in d_lin):
+        from_linear = None
+    else:
+        d_lin = [ad.instantiate_zeros(t) for t in d_lin]
+        from_linear = loop_tangent_p.bind(
+            *residuals,
+            *d_lin,
+            n_res=n_res,
+            jvp_fn=jvp_fn,
+            vjp_fn=vjp_fn,
+            out_avals=out_avals,
+            loop_effects=loop_effects,
+        )
+    # through the residuals: forward over forward, on the floating ones
+    floating = [jnp.issubdtype(r.dtype, jnp.inexact) for r in residuals]
+    if not any(
+        f and type(t) is not ad.Zero for f, t in zip(floating, tangents[:n_res])
+    ):
+        from_res = None
+    else:
+
+        def of_floats(float_res):
+            it = iter(float_res)
+            full = [next(it) if f else r for f, r in zip(floating, residuals)]
+            return jvp_fn(full, linear)
+
+        float_res = [r for f, r in zip(floating, residuals) if f]
+        float_d = [d for f, d in zip(floating, d_res) if f]
+        _, from_res = jax.jvp(of_floats, (float_res,), (float_d,))
+    if from_linear is None and from_res is None:
+        return out, [ad.Zero(a.to_tangent_aval()) for a in out_avals]
+    if from_linear is None:
+        return out, from_res
+    if from_res is None:
+        return out, from_linear
+    return out, [a + b for a, b in zip(from_linear, from_res)]
+
+
+loop_tangent_p = jax.extend.core.Primitive("boundedloop_loop_tangent")
+loop_tangent_p.multiple_results = True
+loop_tangent_p.def_impl(_impl)
+loop_tangent_p.def_effectful_abstract_eval(_abstract_eval)
+ad.primitive_transposes[loop_tangent_p] = _transpose
+ad.primitive_jvps[loop_tangent_p] = _jvp
+batching.primitive_batchers[loop_tangent_p] = _batch
+mlir.register_lowering(loop_tangent_p, mlir.lower_fun(_impl, multiple_results=True))
+
+
+def loop_tangent(residuals, tangents, *, jvp_fn, vjp_fn, out_avals, loop_effects):
+    """Bind the loop's tangent.
+
+    **Arguments:**
+
+    - `residuals`: a list of arrays the tangent depends on nonlinearly.
+    - `tangents`: a list of arrays it is linear in.
+    - `jvp_fn`: `(residuals, tangents) -> list`, the tangent loop.
+    - `vjp_fn`: `(residuals, cts) -> list`, its transpose: one cotangent per tangent.
+    - `out_avals`: the avals of `jvp_fn`'s outputs.
+    - `loop_effects`: the effects of `jvp_fn` (those of the loop body).
+
+    **Returns:**
+
+    The list `jvp_fn(residuals, tangents)`.
+    """
+    return loop_tangent_p.bind(
+        *residuals,
+        *tangents,
+        n_res=len(residuals),
+        jvp_fn=jvp_fn,
+        vjp_fn=vjp_fn,
+        out_avals=tuple(out_avals),
+        loop_effects=loop_effects,
+    )
+
+
+_REVERSE_OVER_REVERSE = (
+    "boundedloop: reverse-mode differentiation of a loop's gradient (grad of grad) is "
+    "not supported; its backward pass is a while loop of unknown length. Take second "
+    "derivatives forward-over-reverse instead: `jax.hessian(f)` (which is "
+    "`jax.jacfwd(jax.jacrev(f))`), or `jax.jvp(jax.grad(f), (x,), (v,))` for "
+    "Hessian-vector products."
+)
+
+
+def _identity_impl(*args):
+    return args
+
+
+def _forward_only_jvp(primals, tangents):
+    nonzero = [type(t) is not ad.Zero for t in tangents]
+    out = forward_only_p.bind(*primals)
+    if not any(nonzero):
+        return out, list(tangents)
+    t_out = forward_only_p.bind(*[t for t, nz in zip(tangents, nonzero) if nz])
+    it = iter(t_out)
+    return out, [next(it) if nz else t for t, nz in zip(tangents, nonzero)]
+
+
+def _forward_only_transpose(cts, *args):
+    raise RuntimeError(_REVERSE_OVER_REVERSE)
+
+
+forward_only_p = jax.extend.core.Primitive("boundedloop_forward_only")
+forward_only_p.multiple_results = True
+forward_only_p.def_impl(_identity_impl)
+forward_only_p.def_abstract_eval(lambda *avals: list(avals))
+ad.primitive_jvps[forward_only_p] = _forward_only_jvp
+ad.primitive_transposes[forward_only_p] = _forward_only_transpose
+batching.primitive_batchers[forward_only_p] = lambda args, dims: (
+    forward_only_p.bind(*args),
+    list(dims),
+)
+mlir.register_lowering(forward_only_p, lambda ctx, *args: list(args))
+
+
+def forward_only(tree):
+    """`tree` unchanged. Its tangent (forward mode) passes through; transposing that
+    tangent (reverse mode) raises an error explaining reverse-over-reverse."""
+    leaves, treedef = jtu.tree_flatten(tree)
+    arrays = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array)]
+    if not arrays:
+        return tree
+    out = forward_only_p.bind(*[leaves[i] for i in arrays])
+    for i, x in zip(arrays, out):
+        leaves[i] = x
+    return jtu.tree_unflatten(treedef, leaves)
