@@ -2,9 +2,11 @@
 
 Once the forward sweep has ended the trip count is known, so each segment between
 stored checkpoints is reversed offline-optimally (Griewank and Walther's binomial
-schedule, `_schedule.revolve_split`). The sweep is one `lax.while_loop` whose
-iterations each either advance a step (recomputation) or reverse one (a
-vector-Jacobian product); `_schedule.reverse_events` is its pure-Python twin.
+schedule, `_schedule.revolve_split`). The sweep is two nested `lax.while_loop`s: each
+outer iteration reverses one step (a vector-Jacobian product), after an inner loop
+that advances from the nearest checkpoint to that step (forward evaluations only,
+storing the checkpoints the schedule places on the way). `_schedule.reverse_events` is
+its pure-Python twin.
 
 The checkpoints form a stack ordered by position. `order[:depth]` are the slots in
 use, bottom to top; `order[depth:]` are free. The top segment `[order_pos[top],
@@ -67,7 +69,7 @@ def reverse_sweep(
     - `slots`: the number of checkpoint slots.
     - `max_length`: sizes the split table (longer segments stay correct).
     - `every_step_stored`: the forward stored every state (`slots >= max_steps`),
-        so every iteration reverses a step and there is nothing to choose.
+        so there is nothing to recompute and the inner loop is left out.
 
     **Returns:**
 
@@ -80,78 +82,91 @@ def reverse_sweep(
     order_pos = tape.positions[order]
     depth = jnp.sum(tape.positions != _slots.UNUSED).astype(jnp.int32)
 
-    top = jnp.maximum(depth - 1, 0)
-    i = order_pos[top]
-    x = _slots.load(tape.storage, order[top])
-    target = i + split(tape.length - i, slots - top)
     shapes = jax.eval_shape(
-        lambda: step_vjp(x, bufs, ct_bufs, jnp.array(True))[1](ct_final)[2]
+        lambda: step_vjp(
+            _slots.load(tape.storage, 0), bufs, ct_bufs, jnp.array(True)
+        )[1](ct_final)[2]
     )
     no_updates = jtu.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
+    def recompute(state):
+        """Advance from the top checkpoint to the segment's last step, storing the
+        checkpoints the binomial schedule places on the way (forward steps only)."""
+
+        def cond(inner):
+            return inner[0] < inner[1] - 1
+
+        def body(inner):
+            i, end, depth, target, order_pos, storage, x = inner
+            # elements whose loop had already stopped at step i do not move
+            new_x = step_vjp(x, bufs, None, i < tape.trips)[0]
+            x = select_if_batched(i < tape.trips, new_x, x)
+            i = i + 1
+            push = (i == target) & (i < end - 1)
+            free = jnp.minimum(depth, slots - 1)
+            storage = _slots.store(storage, order[free], x, push)
+            order_pos = order_pos.at[free].set(jnp.where(push, i, order_pos[free]))
+            depth = depth + push.astype(jnp.int32)
+            planned = i + split(end - i, slots - (depth - 1))
+            target = jnp.where(push, planned, target)
+            return i, end, depth, target, order_pos, storage, x
+
+        end, depth, order_pos, storage = state[:4]
+        top = jnp.maximum(depth - 1, 0)
+        i = order_pos[top]
+        x = _slots.load(storage, order[top])
+        if every_step_stored:  # the segment is one step long: nothing to recompute
+            return i, depth, order_pos, storage, x
+        target = i + split(end - i, slots - top)
+        inner = (i, end, depth, target, order_pos, storage, x)
+        i, _, depth, _, order_pos, storage, x = lax.while_loop(cond, body, inner)
+        return i, depth, order_pos, storage, x
+
     def cond(state):
-        return state[1] > 0
+        return state[0] > 0
 
     def body(state):
-        i, end, depth, target, order_pos, storage, x, ct, ct_bufs, ct_params = state
-        turn = jnp.array(True) if every_step_stored else i == end - 1
-        # elements whose loop had already stopped at step i neither move nor
-        # pass anything but `ct` through
+        end, depth, order_pos, storage, ct, ct_bufs, ct_params = state
+        i, depth, order_pos, storage, x = recompute(state)
+        # reverse step i = end - 1; elements whose loop had already stopped there
+        # pass `ct` through unchanged
         active = i < tape.trips
-        # the step's forward evaluation happens here, once, whichever branch runs
-        new_x, pullback = step_vjp(x, bufs, ct_bufs, active)
+        _, pullback = step_vjp(x, bufs, ct_bufs, active)
 
-        def reverse(x, ct, ct_params):
+        def reverse(ct, ct_params):
             d_params, d_x, updates = pullback(ct)
             d_params = select_if_batched(
                 active, d_params, jtu.tree_map(jnp.zeros_like, d_params)
             )
             ct_params = jtu.tree_map(jnp.add, ct_params, d_params)
-            return x, select_if_batched(active, d_x, ct), ct_params, updates
+            return select_if_batched(active, d_x, ct), ct_params, updates
 
-        def advance(x, ct, ct_params):
-            return select_if_batched(active, new_x, x), ct, ct_params, no_updates
-
-        if every_step_stored:
-            x, ct, ct_params, updates = reverse(x, ct, ct_params)
-        else:
-            # the buffers' cotangents stay out of the cond (passing them through
-            # its branches would copy them every iteration); their updates come out
-            x, ct, ct_params, updates = lax.cond(
-                turn, reverse, advance, x, ct, ct_params
-            )
-        ct_bufs = apply_updates(ct_bufs, updates, turn)
-        # after an advance: store the new state if it starts the next segment
-        i_next = i + 1
-        push = (~turn) & (i_next == target) & (i_next < end - 1)
-        free = jnp.minimum(depth, slots - 1)
-        storage = _slots.store(storage, order[free], x, push)
-        order_pos = order_pos.at[free].set(jnp.where(push, i_next, order_pos[free]))
-        depth = depth + push.astype(jnp.int32)
-        # after a reversal: drop the checkpoint if its segment is done, restore the top
-        end = end - turn.astype(jnp.int32)
-        done = turn & (end == order_pos[jnp.maximum(depth - 1, 0)])
+        # `i == end - 1` always holds here. The `lax.cond` is there for XLA: the
+        # buffers' cotangents are read inside it and updated in place after it, and
+        # only that data dependence lets XLA order the read before the write instead
+        # of copying the whole cotangent every step.
+        ct, ct_params, updates = lax.cond(
+            i == end - 1,
+            reverse,
+            lambda ct, ct_params: (ct, ct_params, no_updates),
+            ct,
+            ct_params,
+        )
+        ct_bufs = apply_updates(ct_bufs, updates, jnp.array(True))
+        # drop the top checkpoint once its segment is done
+        end = end - 1
+        done = end == order_pos[jnp.maximum(depth - 1, 0)]
         depth = depth - done.astype(jnp.int32)
-        # the next segment starts at the restored top (after a reversal) or at the
-        # state just stored (after a push); either way it is the top of the stack
-        top = jnp.maximum(depth - 1, 0)
-        i = jnp.where(turn, order_pos[top], i_next)
-        x = _slots.select(turn, _slots.load(storage, order[top]), x)
-        planned = i + split(end - i, slots - top)
-        target = jnp.where(turn | push, planned, target)
-        return i, end, depth, target, order_pos, storage, x, ct, ct_bufs, ct_params
+        return end, depth, order_pos, storage, ct, ct_bufs, ct_params
 
     state = (
-        i,
         tape.length,
         depth,
-        target,
         order_pos,
         tape.storage,
-        x,
         ct_final,
         ct_bufs,
         ct_params_zero,
     )
     state = lax.while_loop(cond, body, state)
-    return state[9], state[7], state[8]
+    return state[6], state[4], state[5]

@@ -266,7 +266,8 @@ def _while_bodies(hlo: str):
     ]
 
 
-def test_no_copy_of_the_buffer_inside_the_compiled_loops():
+@pytest.mark.parametrize("checkpoints", [4, 64])
+def test_no_copy_of_the_buffer_inside_the_compiled_loops(checkpoints):
     rows, width = 64, 256
 
     def loss(x):
@@ -280,7 +281,7 @@ def test_no_copy_of_the_buffer_inside_the_compiled_loops():
             body,
             (x, jnp.zeros((rows, width)), 0),
             max_steps=rows,
-            checkpoints=4,
+            checkpoints=checkpoints,
             buffers=lambda c: c[1],
         )
         return jnp.sum(out[1] ** 2)
