@@ -115,8 +115,10 @@ def main():
             )
     medians = {k: statistics.median(v) for k, v in samples.items()}
     rows = []
-    print(f"| gradient | max_steps | this tree (ms) | {args.rev} (ms) | ratio | "
-          "body evals (this / rev) |")
+    print(
+        f"| gradient | max_steps | this tree (ms) | {args.rev} (ms) | ratio | "
+        "body evals (this / rev) |"
+    )
     print("|---|---:|---:|---:|---:|---:|")
     for max_steps in (8, 4096):
         for what in ("grad_x", "grad_w"):

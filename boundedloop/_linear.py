@@ -70,50 +70,34 @@ def _batch(args, dims, *, n_res, jvp_fn, vjp_fn, out_avals, loop_effects):
         # a tangent input without a batch axis gets the sum over the batch
         return [c if a == 0 else jnp.sum(c, axis=0) for c, a in zip(cts_in, lin_axes)]
 
+    out_avals = tuple(jax.extend.core.unmapped_aval(size, 0, a) for a in out_avals)
     out = loop_tangent_p.bind(
         *args,
         n_res=n_res,
         jvp_fn=batched_jvp,
         vjp_fn=batched_vjp,
-        out_avals=tuple(jax.extend.core.unmapped_aval(size, 0, a) for a in out_avals),
+        out_avals=out_avals,
         loop_effects=loop_effects,
     )
     return out, [0] * len(out)
 
 
-def _jvp(primals, tangents, *, n_res, jvp_fn, vjp_fn, out_avals, loop_effects):
-    out = loop_tangent_p.bind(
-        *primals,
-        n_res=n_res,
-        jvp_fn=jvp_fn,
-        vjp_fn=vjp_fn,
-        out_avals=out_avals,
-        loop_effects=loop_effects,
-    )
+def _jvp(primals, tangents, **params):
+    n_res, jvp_fn, out_avals = params["n_res"], params["jvp_fn"], params["out_avals"]
+    out = loop_tangent_p.bind(*primals, **params)
     residuals, linear = list(primals[:n_res]), list(primals[n_res:])
-    d_res = [ad.instantiate_zeros(t) for t in tangents[:n_res]]
-    d_lin = tangents[n_res:]
+    d_res, d_lin = tangents[:n_res], tangents[n_res:]
+    parts = []
     # linear in the tangent inputs: the primitive again, on their tangents
-    if all(type(t) is ad.Zero for t in d_lin):
-        from_linear = None
-    else:
+    if not all(type(t) is ad.Zero for t in d_lin):
         d_lin = [ad.instantiate_zeros(t) for t in d_lin]
-        from_linear = loop_tangent_p.bind(
-            *residuals,
-            *d_lin,
-            n_res=n_res,
-            jvp_fn=jvp_fn,
-            vjp_fn=vjp_fn,
-            out_avals=out_avals,
-            loop_effects=loop_effects,
-        )
+        parts.append(loop_tangent_p.bind(*residuals, *d_lin, **params))
     # through the residuals: forward over forward, on the floating ones
-    floating = [jnp.issubdtype(r.dtype, jnp.inexact) for r in residuals]
-    if not any(
-        f and type(t) is not ad.Zero for f, t in zip(floating, tangents[:n_res])
-    ):
-        from_res = None
-    else:
+    floating = [
+        jnp.issubdtype(r.dtype, jnp.inexact) and type(t) is not ad.Zero
+        for r, t in zip(residuals, d_res)
+    ]
+    if any(floating):
 
         def of_floats(float_res):
             it = iter(float_res)
@@ -122,14 +106,10 @@ def _jvp(primals, tangents, *, n_res, jvp_fn, vjp_fn, out_avals, loop_effects):
 
         float_res = [r for f, r in zip(floating, residuals) if f]
         float_d = [d for f, d in zip(floating, d_res) if f]
-        _, from_res = jax.jvp(of_floats, (float_res,), (float_d,))
-    if from_linear is None and from_res is None:
+        parts.append(jax.jvp(of_floats, (float_res,), (float_d,))[1])
+    if not parts:
         return out, [ad.Zero(a.to_tangent_aval()) for a in out_avals]
-    if from_linear is None:
-        return out, from_res
-    if from_res is None:
-        return out, from_linear
-    return out, [a + b for a, b in zip(from_linear, from_res)]
+    return out, [sum(ts[1:], ts[0]) for ts in zip(*parts)]
 
 
 loop_tangent_p = jax.extend.core.Primitive("boundedloop_loop_tangent")

@@ -83,9 +83,9 @@ def reverse_sweep(
     depth = jnp.sum(tape.positions != _slots.UNUSED).astype(jnp.int32)
 
     shapes = jax.eval_shape(
-        lambda: step_vjp(
-            _slots.load(tape.storage, 0), bufs, ct_bufs, jnp.array(True)
-        )[1](ct_final)[2]
+        lambda: step_vjp(_slots.load(tape.storage, 0), bufs, ct_bufs, jnp.array(True))[
+            1
+        ](ct_final)[2]
     )
     no_updates = jtu.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 

@@ -116,9 +116,7 @@ def _select_jvp(primals, tangents):
 def _select_transpose(cts, pred, *operands):
     # linear in the operands; `pred` is never differentiated
     half = len(operands) // 2
-    cts = [
-        ad.instantiate_zeros(ct) if not _zero(ct) else None for ct in cts
-    ]
+    cts = [ad.instantiate_zeros(ct) if not _zero(ct) else None for ct in cts]
     ct_new, ct_old = [None] * half, [None] * half
     live = [k for k, ct in enumerate(cts) if ct is not None]
     if live:

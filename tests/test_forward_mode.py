@@ -67,15 +67,17 @@ def transforms(checkpoints, max_steps):
     f = functools.partial(ours, max_steps=max_steps, checkpoints=checkpoints)
     loss = lambda x, w, limit: jnp.sum(f(x, w, limit) ** 2)  # noqa: E731
     return {
-        "jvp": jax.jit(lambda x, w, lim, v, dw: jax.jvp(
-            lambda x, w: f(x, w, lim), (x, w), (v, dw)
-        )),
+        "jvp": jax.jit(
+            lambda x, w, lim, v, dw: jax.jvp(lambda x, w: f(x, w, lim), (x, w), (v, dw))
+        ),
         "jacfwd": jax.jit(jax.jacfwd(f, argnums=(0, 1))),
         "jacrev": jax.jit(jax.jacrev(f, argnums=(0, 1))),
         "hessian": jax.jit(jax.hessian(loss, argnums=(0, 1))),
-        "hvp": jax.jit(lambda x, w, lim, v: jax.jvp(
-            lambda x: jax.grad(loss)(x, w, lim), (x,), (v,)
-        )),
+        "hvp": jax.jit(
+            lambda x, w, lim, v: jax.jvp(
+                lambda x: jax.grad(loss)(x, w, lim), (x,), (v,)
+            )
+        ),
     }
 
 
@@ -135,9 +137,9 @@ def test_vmap_of_forward_mode(checkpoints):
     t_out = jax.jit(
         jax.vmap(lambda x, lim, v: jax.jvp(lambda x: f(x, W, lim), (x,), (v,))[1])
     )(xs, limits, vs)
-    hess = jax.jit(
-        jax.vmap(jax.hessian(lambda x, lim: jnp.sum(f(x, W, lim) ** 2)))
-    )(xs, limits)
+    hess = jax.jit(jax.vmap(jax.hessian(lambda x, lim: jnp.sum(f(x, W, lim) ** 2))))(
+        xs, limits
+    )
     # nested vmaps: jacrev is a vmap over cotangents inside the vmap over elements
     jac = jax.jit(jax.vmap(jax.jacrev(lambda x, lim: f(x, W, lim))))(xs, limits)
     for k in range(3):
@@ -175,10 +177,10 @@ def test_scan_forward_mode():
 
         return jax.lax.scan(body, x, jnp.linspace(0.5, 1.5, 9))
 
-    assert tree_allclose(jax.jvp(f, (X0, W), (V, W))[1], jax.jvp(ref, (X0, W), (V, W))[1])
     assert tree_allclose(
-        jax.jit(jax.jacfwd(f))(X0, W), jax.jacfwd(ref)(X0, W)
+        jax.jvp(f, (X0, W), (V, W))[1], jax.jvp(ref, (X0, W), (V, W))[1]
     )
+    assert tree_allclose(jax.jit(jax.jacfwd(f))(X0, W), jax.jacfwd(ref)(X0, W))
     loss = lambda x: jnp.sum(f(x, W)[1] ** 2)  # noqa: E731
     ref_loss_ = lambda x: jnp.sum(ref(x, W)[1] ** 2)  # noqa: E731
     assert tree_allclose(
