@@ -1,0 +1,235 @@
+"""Sharding checks on 8 CPU devices, run in a subprocess by `tests/test_multidevice.py`
+with `XLA_FLAGS=--xla_force_host_platform_device_count=8` (the flag must be set
+before JAX starts, and must not change the device count of the other tests).
+
+Each check runs separately and the script prints one JSON object, `{check: {"ok":
+bool, "cases": int, "error": str | None}}`, as its last line:
+
+- `jit`: a carry sharded over a mesh of 8 devices (`NamedSharding`, `Auto` axes)
+  under `jax.jit`: forward and gradient equal the unsharded results and the
+  `lax.while_loop` / `lax.scan` references, and keep their sharding.
+- `jit_buffers`: the same with an in-place buffer in the carry, sharded along its
+  second axis, and `bl.scan`.
+- `explicit`: the `jit` check on a mesh with `Explicit` axes (`jax.make_mesh`'s
+  default), under `jax.set_mesh`.
+- `shard_map`: the loop inside `jax.shard_map`, each device running its own loop on
+  its shard with its own trip count: forward and gradient equal the per-shard
+  references.
+"""
+
+import json
+import traceback
+
+import jax
+
+
+jax.config.update("jax_numpy_dtype_promotion", "strict")
+jax.config.update("jax_numpy_rank_promotion", "raise")
+
+import jax.numpy as jnp  # noqa: E402
+import jax.tree_util as jtu  # noqa: E402
+import numpy as np  # noqa: E402
+from jax import lax  # noqa: E402
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P  # noqa: E402
+
+import boundedloop as bl  # noqa: E402
+
+
+assert jax.device_count() == 8, jax.devices()
+AUTO = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+EXPLICIT = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
+MAX_STEPS = 12
+W = jnp.array([[0.9, -0.4, 0.3], [0.2, 0.8, -0.5], [-0.3, 0.1, 0.7]])
+X = jnp.asarray(np.random.default_rng(0).uniform(-1, 1, (16, 3)), jnp.float32)
+
+
+class Checker:
+    def __init__(self):
+        self.cases = 0
+
+    def close(self, name, got, expected, rtol=1e-5, atol=1e-6):
+        assert jtu.tree_structure(got) == jtu.tree_structure(expected), name
+        for a, b in zip(jtu.tree_leaves(got), jtu.tree_leaves(expected)):
+            np.testing.assert_allclose(
+                np.asarray(a), np.asarray(b), rtol=rtol, atol=atol, err_msg=name
+            )
+        self.cases += 1
+
+    def sharding(self, name, array, sharding):
+        assert array.sharding.is_equivalent_to(sharding, array.ndim), (
+            name,
+            array.sharding,
+            sharding,
+        )
+        self.cases += 1
+
+
+def body(w):
+    def step(carry):
+        x, i = carry
+        return jnp.tanh(x @ w + 0.1), i + 1
+
+    return step
+
+
+def run(x, w, n):
+    # the whole (16, 3) batch is one carry; the loop runs n steps on all of it
+    return bl.while_loop(
+        lambda c: c[1] < n,
+        body(w),
+        (x, jnp.zeros_like(n)),
+        max_steps=MAX_STEPS,
+        checkpoints=3,
+    )
+
+
+def loss(x, w, n):
+    return jnp.sum(run(x, w, n)[0] ** 2)
+
+
+def reference(x, w, trips):
+    final, _ = lax.scan(
+        lambda c, _: (body(w)(c), None), (x, jnp.array(0)), length=trips
+    )
+    return final[0]
+
+
+def reference_grad(x, w, trips):
+    value = lambda x, w: jnp.sum(reference(x, w, trips) ** 2)  # noqa: E731
+    return jax.grad(value, argnums=(0, 1))(x, w)
+
+
+def check_jit(check, mesh):
+    rows = NamedSharding(mesh, P("data"))  # leading axis split over the 8 devices
+    replicated = NamedSharding(mesh, P())
+    forward = jax.jit(run)
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    x = jax.device_put(X, rows)
+    w = jax.device_put(W, replicated)
+    for n in [0, 5, MAX_STEPS, 20]:
+        trips = min(n, MAX_STEPS)
+        n = jax.device_put(jnp.array(n), replicated)
+        out = forward(x, w, n)
+        check.close(f"forward n={n}", out[0], reference(X, W, trips))
+        check.close(f"forward n={n} vs unsharded", out, forward(X, W, n))
+        check.sharding(f"forward n={n}", out[0], rows)
+        g_x, g_w = grad(x, w, n)
+        check.close(f"grad n={n}", (g_x, g_w), reference_grad(X, W, trips))
+        check.close(f"grad n={n} vs unsharded", (g_x, g_w), grad(X, W, n))
+        check.sharding(f"grad x n={n}", g_x, rows)
+        check.sharding(f"grad w n={n}", g_w, replicated)
+
+
+def check_jit_buffers(check):
+    mesh = AUTO
+    cols = NamedSharding(mesh, P(None, "data"))  # (steps, 16, 3): rows of each step
+    rows = NamedSharding(mesh, P("data"))
+
+    def traj_body(w):
+        def step(carry):
+            x, traj, i = carry
+            x = jnp.tanh(x @ w + 0.1)
+            return x, traj.at[i].set(x), i + 1
+
+        return step
+
+    def run_traj(x, traj, w, n):
+        return bl.while_loop(
+            lambda c: c[2] < n,
+            traj_body(w),
+            (x, traj, jnp.array(0)),
+            max_steps=MAX_STEPS,
+            checkpoints=2,
+            buffers=lambda c: c[1],
+        )
+
+    def traj_loss(x, traj, w, n):
+        _, traj, _ = run_traj(x, traj, w, n)
+        return jnp.sum(jnp.sin(traj))
+
+    def scan_loss(x, w):
+        _, ys = bl.scan(lambda c, _: (body(w)((c, 0))[0],) * 2, x, length=7)
+        return jnp.sum(jnp.sin(ys))
+
+    def scan_reference_loss(x, w):
+        _, ys = lax.scan(lambda c, _: (body(w)((c, 0))[0],) * 2, x, length=7)
+        return jnp.sum(jnp.sin(ys))
+
+    traj0 = jnp.zeros((MAX_STEPS, 16, 3))
+    x = jax.device_put(X, rows)
+    traj = jax.device_put(traj0, cols)
+    forward = jax.jit(run_traj)
+    grad = jax.jit(jax.grad(traj_loss, argnums=(0, 1, 2)))
+    for n in [3, 20]:
+        n = jnp.array(n)
+        out = forward(x, traj, W, n)
+        check.close(f"buffer forward n={n}", out, forward(X, traj0, W, n))
+        check.sharding(f"buffer forward n={n}", out[1], cols)
+        g = grad(x, traj, W, n)
+        check.close(f"buffer grad n={n}", g, grad(X, traj0, W, n))
+        check.sharding(f"buffer grad traj n={n}", g[1], cols)
+    g = jax.jit(jax.grad(scan_loss, argnums=(0, 1)))(x, W)
+    check.close("scan grad", g, jax.grad(scan_reference_loss, argnums=(0, 1))(X, W))
+    check.sharding("scan grad x", g[0], rows)
+
+
+def check_shard_map(check):
+    mesh = AUTO
+
+    def per_shard(x, w, n):
+        # x: this device's (2, 3) rows; n: this device's trip count, shape (1,)
+        return run(x, w, n[0])[0]
+
+    def per_shard_loss(x, w, n):
+        return lax.psum(jnp.sum(per_shard(x, w, n) ** 2), "data")
+
+    specs = (P("data"), P(), P("data"))
+    forward = jax.jit(
+        jax.shard_map(per_shard, mesh=mesh, in_specs=specs, out_specs=P("data"))
+    )
+    grad = jax.jit(
+        jax.grad(
+            jax.shard_map(per_shard_loss, mesh=mesh, in_specs=specs, out_specs=P()),
+            argnums=(0, 1),
+        )
+    )
+    ns = jnp.array([0, 3, 12, 7, 1, 20, 5, 9])  # one trip count per device
+    x = jax.device_put(X, NamedSharding(mesh, P("data")))
+    out = forward(x, W, ns)
+    check.sharding("shard_map forward", out, NamedSharding(mesh, P("data")))
+    expected_out, expected_gx, expected_gw = [], [], jnp.zeros_like(W)
+    for d, n in enumerate(ns.tolist()):
+        rows, trips = X[2 * d : 2 * d + 2], min(n, MAX_STEPS)
+        expected_out.append(reference(rows, W, trips))
+        gx, gw = reference_grad(rows, W, trips)
+        expected_gx.append(gx)
+        expected_gw = expected_gw + gw
+    check.close("shard_map forward", out, jnp.concatenate(expected_out))
+    g_x, g_w = grad(x, W, ns)
+    expected = (jnp.concatenate(expected_gx), expected_gw)
+    check.close("shard_map grad", (g_x, g_w), expected)
+
+
+def check_explicit(check):
+    with jax.set_mesh(EXPLICIT):
+        check_jit(check, EXPLICIT)
+
+
+CHECKS = {
+    "jit": lambda check: check_jit(check, AUTO),
+    "jit_buffers": check_jit_buffers,
+    "explicit": check_explicit,
+    "shard_map": check_shard_map,
+}
+
+results = {}
+for name, fn in CHECKS.items():
+    check = Checker()
+    try:
+        fn(check)
+        results[name] = {"ok": True, "cases": check.cases, "error": None}
+    except Exception as e:  # reported, one check at a time
+        error = f"{type(e).__name__}: {e}".splitlines()[0][:500]
+        traceback.print_exc()
+        results[name] = {"ok": False, "cases": check.cases, "error": error}
+print(json.dumps(results))
