@@ -1,0 +1,167 @@
+"""Loops in loops: a `bl.while_loop` in the body of another and in `bl.scan`'s body,
+with data-dependent trip counts, against nested `lax.scan` references over the known
+trip counts. (`tests/test_while_loop.py::test_nested_loop_gradient` has the simplest
+case, constant trip counts; these add runtime trip counts, parameters closed over by
+the inner body, checkpoint combinations, per-step inner trip counts and vmap.)"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+
+import boundedloop as bl
+
+from .helpers import tree_allclose
+
+
+X0 = jnp.array([0.3, -0.2, 0.5])
+W = jnp.array([[0.9, -0.4, 0.3], [0.2, 0.8, -0.5], [-0.3, 0.1, 0.7]])
+OUTER_MAX, INNER_MAX = 6, 4
+
+
+def inner_step(w):
+    return lambda x: jnp.tanh(w @ x + 0.1)
+
+
+def outer_step(x, y):
+    return 0.8 * y + 0.2 * jnp.sin(x)
+
+
+def ours_while_in_while(outer_checkpoints, inner_checkpoints):
+    def run(x, w, n_outer, n_inner):
+        def inner(x):
+            return bl.while_loop(
+                lambda c: c[1] < n_inner,
+                lambda c: (inner_step(w)(c[0]), c[1] + 1),
+                (x, jnp.array(0)),
+                max_steps=INNER_MAX,
+                checkpoints=inner_checkpoints,
+            )[0]
+
+        return bl.while_loop(
+            lambda c: c[1] < n_outer,
+            lambda c: (outer_step(c[0], inner(c[0])), c[1] + 1),
+            (x, jnp.array(0)),
+            max_steps=OUTER_MAX,
+            checkpoints=outer_checkpoints,
+        )[0]
+
+    return run
+
+
+def scan_n(f, x, n):
+    return lax.scan(lambda c, _: (f(c), None), x, length=n)[0]
+
+
+def nested_scan(x, w, n_outer, n_inner):
+    """The reference: `lax.scan` of `lax.scan`, over the known trip counts."""
+    inner = lambda x: scan_n(inner_step(w), x, n_inner)  # noqa: E731
+    return scan_n(lambda x: outer_step(x, inner(x)), x, n_outer)
+
+
+def loss(run):
+    return lambda x, w, *n: jnp.sum(run(x, w, *n) ** 2)
+
+
+@functools.cache
+def reference_grad(n_outer, n_inner):
+    value = lambda x, w: loss(nested_scan)(x, w, n_outer, n_inner)  # noqa: E731
+    return jax.jit(jax.value_and_grad(value, argnums=(0, 1)))
+
+
+@functools.cache
+def grad_while_in_while(outer_checkpoints, inner_checkpoints):
+    run = ours_while_in_while(outer_checkpoints, inner_checkpoints)
+    return jax.jit(jax.value_and_grad(loss(run), argnums=(0, 1)))
+
+
+@pytest.mark.parametrize("checkpoints", [(1, 1), (2, None), (None, 3)])
+def test_while_in_while(checkpoints):
+    f = grad_while_in_while(*checkpoints)
+    for n_outer, n_inner in [(0, 2), (3, 0), (4, 3), (9, 5), (6, 4)]:
+        trips = min(n_outer, OUTER_MAX), min(n_inner, INNER_MAX)
+        got = f(X0, W, jnp.array(n_outer), jnp.array(n_inner))
+        expected = reference_grad(*trips)(X0, W)
+        assert tree_allclose(got, expected), (n_outer, n_inner)
+
+
+def test_while_in_while_under_vmap():
+    """Each element with its own outer and inner trip counts."""
+    f = jax.vmap(grad_while_in_while(2, 1), in_axes=(0, None, 0, 0))
+    xs = jnp.stack([X0, -X0, 0.5 * X0])
+    n_outer, n_inner = jnp.array([5, 0, 2]), jnp.array([1, 3, 9])
+    values, (g_x, g_w) = f(xs, W, n_outer, n_inner)
+    for b in range(3):
+        trips = min(int(n_outer[b]), OUTER_MAX), min(int(n_inner[b]), INNER_MAX)
+        expected = reference_grad(*trips)(xs[b], W)
+        assert tree_allclose((values[b], (g_x[b], g_w[b])), expected), b
+
+
+# ---- a while loop inside `bl.scan`: the inner trip count comes from `xs` ----------
+
+COUNTS = jnp.array([2, 0, 4, 7, 1])  # inner trip counts, one per outer step
+SCALES = jnp.array([0.5, -1.0, 0.3, 1.2, 0.8])
+
+
+def scan_body(w, inner_checkpoints):
+    def f(c, xt):
+        n, scale = xt
+        y = bl.while_loop(
+            lambda d: d[1] < n,
+            lambda d: (inner_step(w)(d[0]) * scale, d[1] + 1),
+            (c, jnp.array(0)),
+            max_steps=INNER_MAX,
+            checkpoints=inner_checkpoints,
+        )[0]
+        c = outer_step(c, y)
+        return c, jnp.sum(y**3)
+
+    return f
+
+
+@functools.cache
+def grad_while_in_scan(outer_checkpoints, inner_checkpoints):
+    def value(x, w, scales, counts):
+        c, ys = bl.scan(
+            scan_body(w, inner_checkpoints),
+            x,
+            (counts, scales),
+            checkpoints=outer_checkpoints,
+        )
+        return jnp.sum(c**2) + jnp.sum(jnp.cos(ys))
+
+    return jax.jit(jax.value_and_grad(value, argnums=(0, 1, 2)))
+
+
+def reference_while_in_scan(x, w, scales, *, counts):
+    """`lax.scan` over the outer steps; each inner loop a `lax.scan` of its known
+    length. The lengths differ per step, so the outer scan runs over runs of steps
+    with one inner length each (here: one step each)."""
+    ys = []
+    for t, n in enumerate(counts):
+        trips = min(n, INNER_MAX)
+
+        def f(c, scale, trips=trips):
+            y = scan_n(lambda d: inner_step(w)(d) * scale, c, trips)
+            return outer_step(c, y), jnp.sum(y**3)
+
+        x, y = lax.scan(f, x, scales[t : t + 1])
+        ys.append(y)
+    return jnp.sum(x**2) + jnp.sum(jnp.cos(jnp.concatenate(ys)))
+
+
+@functools.cache
+def reference_scan_grad(counts):
+    value = functools.partial(reference_while_in_scan, counts=counts)
+    return jax.jit(jax.value_and_grad(value, argnums=(0, 1, 2)))
+
+
+@pytest.mark.parametrize("checkpoints", [(1, 3), (None, 1), (2, None)])
+def test_while_in_scan(checkpoints):
+    f = grad_while_in_scan(*checkpoints)
+    for counts in [COUNTS, jnp.array([0, 0, 9, 3, 4])]:
+        got = f(X0, W, SCALES, counts)
+        expected = reference_scan_grad(tuple(counts.tolist()))(X0, W, SCALES)
+        assert tree_allclose(got, expected), counts
