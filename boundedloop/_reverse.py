@@ -31,14 +31,20 @@ def split_rule(slots: int, max_length: int) -> Callable:
     """`split(length, k)` in-graph: as `_schedule.revolve_split`, from a table."""
     table = binomial_table(slots, max_length)
     table = jnp.asarray(np.minimum(table, np.iinfo(np.int32).max), jnp.int32)
+    last = table.shape[1] - 1
 
     def split(length, k):
         k = jnp.clip(k, 1, slots)
-        row = table[k]
-        # repetition number: first r with C(k + r, k) >= length (clipped: still valid)
-        r = jnp.minimum(jnp.sum(row < length), row.shape[0] - 1)
+        # the repetition number: the first r with C(k + r, k) >= length (clipped:
+        # still valid). A scalar while loop: it compiles several times faster than
+        # a reduction over the row, and takes a few iterations for k >= 3.
+        r = lax.while_loop(
+            lambda r: (r < last) & (table[k, r] < length),
+            lambda r: r + 1,
+            jnp.array(0, jnp.int32),
+        )
         r1 = jnp.maximum(r - 1, 0)
-        general = jnp.minimum(row[r1], length - table[k - 1][r1])
+        general = jnp.minimum(table[k, r1], length - table[k - 1, r1])
         out = jnp.where(k == 1, length - 1, general)
         return jnp.where(length <= 1, 0, out).astype(jnp.int32)
 
@@ -141,17 +147,21 @@ def reverse_sweep(
             ct_params = jtu.tree_map(jnp.add, ct_params, d_params)
             return select_if_batched(active, d_x, ct), ct_params, updates
 
-        # `i == end - 1` always holds here. The `lax.cond` is there for XLA: the
-        # buffers' cotangents are read inside it and updated in place after it, and
-        # only that data dependence lets XLA order the read before the write instead
-        # of copying the whole cotangent every step.
-        ct, ct_params, updates = lax.cond(
-            i == end - 1,
-            reverse,
-            lambda ct, ct_params: (ct, ct_params, no_updates),
-            ct,
-            ct_params,
-        )
+        if jtu.tree_leaves(ct_bufs):
+            # `i == end - 1` always holds here. The `lax.cond` is there for XLA: the
+            # buffers' cotangents are read inside it and updated in place after
+            # it, and only that data dependence lets XLA order the read before the
+            # write instead of copying the whole cotangent every step. (Without
+            # buffers it is left out: its operands would take memory of their own.)
+            ct, ct_params, updates = lax.cond(
+                i == end - 1,
+                reverse,
+                lambda ct, ct_params: (ct, ct_params, no_updates),
+                ct,
+                ct_params,
+            )
+        else:
+            ct, ct_params, updates = reverse(ct, ct_params)
         ct_bufs = apply_updates(ct_bufs, updates, jnp.array(True))
         # drop the top checkpoint once its segment is done
         end = end - 1
