@@ -12,6 +12,7 @@ from equinox import (
 from ._buffers import Buffer as Buffer, buffer_checks as buffer_checks
 from ._max_steps import max_steps_check as max_steps_check
 from ._module import Loop as Loop, LoopModule as LoopModule
+from ._progress import progress_meter as progress_meter
 from ._scan import fori_loop as fori_loop, scan as scan
 from ._while_loop import while_loop as while_loop
 

@@ -15,7 +15,7 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, Int, PyTree
 
-from . import _slots
+from . import _progress, _slots
 from ._buffers import raise_violations
 from ._schedule import offline_placement, online_actions
 from ._step import advance
@@ -51,6 +51,7 @@ def plain_sweep(loop, max_steps: int | None, checked: bool):
     `loop` is a `TracedLoop`; returns the final `(x, bufs)`.
     """
     body = loop.checked_body if checked else loop.body
+    meter = _progress.start(max_steps)  # None unless `bl.progress_meter` is on
     if not loop.bufs:
 
         def cond(state):
@@ -59,9 +60,11 @@ def plain_sweep(loop, max_steps: int | None, checked: bool):
 
         def step(state):
             t, x = state
+            _progress.tick(meter, t + 1)
             return t + 1, advance(body, loop.layout, x, (), True)[0]
 
-        _, final = lax.while_loop(cond, step, (jnp.array(0, jnp.int32), loop.init))
+        t, final = lax.while_loop(cond, step, (jnp.array(0, jnp.int32), loop.init))
+        _progress.done(meter, t)
         return final, ()
 
     def masked_cond(state):
@@ -72,12 +75,14 @@ def plain_sweep(loop, max_steps: int | None, checked: bool):
         t, x, bufs, written, active = state
         new_x, bufs, written = advance(body, loop.layout, x, bufs, active, written)
         x = select_if_batched(active, new_x, x)
+        _progress.tick(meter, t + 1)
         return t + 1, x, bufs, written, _continue(loop, active, x, bufs, written)
 
     written = _masks(loop.layout) if checked else None
     active = jnp.asarray(loop.cond(loop.init, loop.bufs), bool)
     state = (jnp.array(0, jnp.int32), loop.init, loop.bufs, written, active)
-    _, x, bufs, _, _ = lax.while_loop(masked_cond, masked_step, state)
+    t, x, bufs, _, _ = lax.while_loop(masked_cond, masked_step, state)
+    _progress.done(meter, t)
     return x, bufs
 
 
@@ -121,6 +126,7 @@ def checkpointed_sweep(
     `((x, bufs), tape)`: the final arrays (equal to `plain_sweep`'s) and the `Tape`.
     """
     body = loop.checked_body if checked else loop.body
+    meter = _progress.start(max_steps)  # None unless `bl.progress_meter` is on
     plan = store_plan(slots, max_steps, known_length)
     if plan is not None:
         plan_steps, plan_slots = map(jnp.asarray, plan)
@@ -142,6 +148,7 @@ def checkpointed_sweep(
         x = select_if_batched(active, new_x, x)
         trips = trips + active.astype(jnp.int32)
         active = _continue(loop, active, x, bufs, written)
+        _progress.tick(meter, t + 1)
         return t + 1, x, bufs, written, active, trips, storage, positions, cursor
 
     zero = jnp.array(0, jnp.int32)
@@ -159,6 +166,7 @@ def checkpointed_sweep(
     length, x, bufs, _, _, trips, storage, positions, _ = lax.while_loop(
         cond, step, state
     )
+    _progress.done(meter, length)
     return (x, bufs), Tape(storage, positions, trips, length, bufs)
 
 

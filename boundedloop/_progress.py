@@ -1,0 +1,169 @@
+"""The opt-in progress meter: a tqdm bar fed from inside the compiled loop.
+
+The forward sweeps call `tick` after each step and `done` after the loop. With the
+meter off (the default) both are no-ops at trace time, so the compiled program is
+exactly what it would be without them. With it on, every `every` steps the loop
+makes one host callback (`jax.debug.callback`, under a `lax.cond`) that moves the
+bar; tqdm throttles what it draws. The step count is reduced over the batch under
+`vmap` (`_shared`), so a batch makes one callback per update, not one per element.
+"""
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+# about this many updates over `max_steps` steps, unless `every` is given
+UPDATES = 100
+# with no bound on the steps, one update per this many steps
+UNBOUNDED_EVERY = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class _Settings:
+    every: int | None
+    desc: str
+    tqdm_class: Callable[..., Any]
+    kwargs: dict
+
+
+_state: dict[str, _Settings | None] = {"settings": None}
+
+
+def _import_tqdm():
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        raise ImportError(
+            "`bl.progress_meter` needs tqdm, which is an optional dependency of "
+            "boundedloop: install it with `pip install 'boundedloop[progress]'` (or "
+            "`pip install tqdm`), or pass `tqdm_class=`."
+        ) from None
+    return tqdm
+
+
+@contextlib.contextmanager
+def progress_meter(
+    every: int | None = None,
+    *,
+    desc: str = "boundedloop",
+    tqdm_class: Callable[..., Any] | None = None,
+    **tqdm_kwargs: Any,
+):
+    """Show a progress bar for the loops traced inside this block.
+
+    Off by default and compiled out entirely when off. When on, the forward pass of
+    every `bl.while_loop`, `bl.scan`, `bl.fori_loop` and `LoopModule.run` traced in
+    the block reports its step count to a [tqdm](https://tqdm.github.io) bar through
+    a host callback every `every` steps, and once more when it ends. A bar appears
+    once a loop has taken `every` steps, so short loops stay quiet. Under
+    `jax.vmap` the bar counts the batch's steps (those of its longest element). The
+    backward pass of a gradient is not metered.
+
+    ```python
+    with bl.progress_meter():
+        out = jax.jit(f)(x)   # f calls bl.while_loop(..., max_steps=10**6)
+    ```
+
+    Needs tqdm (`pip install 'boundedloop[progress]'`) unless `tqdm_class` is
+    given. Like `bl.max_steps_check`, the setting is read when the loop is traced,
+    and JAX caches traces by function: enter the block before the first call.
+
+    **Arguments:**
+
+    - `every`: steps between updates, a positive `int`. `None` picks
+        `ceil(max_steps / 100)` (about 100 updates over the whole bound), or 1000 for
+        a loop with `max_steps=None`. Each update is one host callback, which costs
+        about as much as a small step: keep it well above 1 for cheap bodies.
+    - `desc`: the bar's label.
+    - `tqdm_class`: the bar to use, called as `tqdm_class(total=..., desc=...,
+        **tqdm_kwargs)` and then used through `.n`, `.update(k)` and `.close()`.
+        Default: `tqdm.auto.tqdm`.
+    - `tqdm_kwargs`: passed on to `tqdm_class`, e.g. `leave=False`.
+    """
+    if every is not None and (
+        isinstance(every, bool) or not isinstance(every, int) or every < 1
+    ):
+        raise ValueError(
+            f"`bl.progress_meter` needs `every` to be a positive int or None, got "
+            f"{every!r}."
+        )
+    if tqdm_class is None:
+        tqdm_class = _import_tqdm()
+    previous = _state["settings"]
+    _state["settings"] = _Settings(every, desc, tqdm_class, dict(tqdm_kwargs))
+    try:
+        yield
+    finally:
+        _state["settings"] = previous
+
+
+class Meter:
+    """One traced loop's meter. Its host methods run inside the callbacks."""
+
+    def __init__(self, settings: _Settings, max_steps: int | None):
+        if settings.every is not None:
+            self.every = settings.every
+        elif max_steps is None:
+            self.every = UNBOUNDED_EVERY
+        else:
+            self.every = max(1, math.ceil(max_steps / UPDATES))
+        self.settings = settings
+        self.total = max_steps
+        self.bar = None
+
+    def _update(self, steps):
+        steps = int(steps)
+        if self.bar is None:
+            s = self.settings
+            self.bar = s.tqdm_class(total=self.total, desc=s.desc, **s.kwargs)
+        if steps > self.bar.n:
+            self.bar.update(steps - self.bar.n)
+
+    def _close(self, steps):
+        if self.bar is not None:  # a loop shorter than `every` steps shows nothing
+            self._update(steps)
+            self.bar.close()
+            self.bar = None
+
+
+def start(max_steps: int | None) -> Meter | None:
+    """At trace time: the meter for a loop bounded by `max_steps`, or `None` (off)."""
+    settings = _state["settings"]
+    return None if settings is None else Meter(settings, max_steps)
+
+
+@jax.custom_batching.custom_vmap
+def _shared(steps):
+    return steps
+
+
+@_shared.def_vmap
+def _shared_vmap(axis_size, in_batched, steps):
+    # the loop's iteration count: every element that is still going has this many
+    del axis_size, in_batched
+    return jnp.max(steps), False
+
+
+def tick(meter: Meter | None, steps):
+    """Inside the loop, after a step: report `steps` (steps taken) every `every`."""
+    if meter is None:
+        return
+    steps = _shared(jnp.asarray(steps, jnp.int32))
+    lax.cond(
+        steps % meter.every == 0,
+        lambda: jax.debug.callback(meter._update, steps),
+        lambda: None,
+    )
+
+
+def done(meter: Meter | None, steps):
+    """After the loop: the final count, and close the bar."""
+    if meter is not None:
+        jax.debug.callback(meter._close, _shared(jnp.asarray(steps, jnp.int32)))
