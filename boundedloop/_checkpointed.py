@@ -26,7 +26,7 @@ from ._carry import Layout, TracedLoop
 from ._forward import checkpointed_sweep, plain_sweep, PLANNING_HORIZON, replay_sweep
 from ._linear import forward_only, loop_tangent
 from ._reverse import reverse_sweep
-from ._step import float_part, is_float, make_step_vjp
+from ._step import advance, float_part, is_float, make_step_vjp
 
 
 class LoopConfig(eqx.Module):
@@ -107,6 +107,7 @@ def _loop_jvp(primals, tangents):
         )
         max_steps = config.max_steps
         ct_in = reverse_sweep(
+            lambda x, bufs, active: advance(body, config.layout, x, bufs, active)[0],
             step_vjp,
             apply_updates,
             tape,

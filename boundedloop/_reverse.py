@@ -52,6 +52,7 @@ def split_rule(slots: int, max_length: int) -> Callable:
 
 
 def reverse_sweep(
+    step: Callable,
     step_vjp: Callable,
     apply_updates: Callable,
     tape: Tape,
@@ -66,6 +67,7 @@ def reverse_sweep(
 
     **Arguments:**
 
+    - `step`: `(x, bufs, active) -> x'`, one step forward (for recomputation).
     - `step_vjp`: `(x, bufs, ct_bufs, active) -> (x', pullback)`, one step
         linearized, and `apply_updates(ct_bufs, updates, when)` (see
         `_step.make_step_vjp`).
@@ -105,7 +107,7 @@ def reverse_sweep(
         def body(inner):
             i, end, depth, target, order_pos, storage, x = inner
             # elements whose loop had already stopped at step i do not move
-            new_x = step_vjp(x, bufs, None, i < tape.trips)[0]
+            new_x = step(x, bufs, i < tape.trips)
             x = select_if_batched(i < tape.trips, new_x, x)
             i = i + 1
             push = (i == target) & (i < end - 1)
