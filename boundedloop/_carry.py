@@ -11,6 +11,7 @@ import jax.tree_util as jtu
 import numpy as np
 
 from ._buffers import Buffer, checks_enabled, find_buffers, StepTrace
+from ._closure import closure_convert
 from ._errors import check_carry_match, check_predicate
 
 
@@ -213,14 +214,14 @@ def trace_loop(cond_fun, body_fun, init_val, buffers_fn, name: str) -> TracedLoo
         return cond_fun(layout.rebuild(x, bufs))
 
     check_predicate(eqx.filter_eval_shape(cond_dynamic, x0, bufs0), name)
-    body = eqx.filter_closure_convert(generic, x0, bufs0, dummies, true, None)
+    body = closure_convert(generic, x0, bufs0, dummies, true, None)
     checked = None
     if buffer_pos and checks_enabled():
         masks = tuple(jnp.zeros(s, bool) for s in layout.mask_shapes)
-        checked = eqx.filter_closure_convert(
+        checked = closure_convert(
             generic, x0, bufs0, dummies, true, (masks, (true, true))
         )
-    cond = eqx.filter_closure_convert(cond_dynamic, x0, bufs0)
+    cond = closure_convert(cond_dynamic, x0, bufs0)
     return TracedLoop(body, cond, checked, tuple(x0), tuple(bufs0), layout)
 
 

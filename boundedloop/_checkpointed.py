@@ -27,6 +27,7 @@ from ._forward import checkpointed_sweep, plain_sweep, PLANNING_HORIZON, replay_
 from ._linear import forward_only, loop_tangent
 from ._reverse import reverse_sweep
 from ._step import advance, float_part, is_float, make_step_vjp
+from ._vma import vary_everywhere
 
 
 class LoopConfig(eqx.Module):
@@ -40,7 +41,8 @@ class LoopConfig(eqx.Module):
 
 
 def _loop(diff, nondiff, config):
-    (body, x, bufs), (cond, checked) = diff, nondiff
+    # inside `shard_map`, everything varies across devices from here on (see `_vma`)
+    (body, x, bufs), (cond, checked) = vary_everywhere((diff, nondiff))
     return TracedLoop(body, cond, checked, x, bufs, config.layout)
 
 
@@ -80,7 +82,9 @@ def _loop_jvp(primals, tangents):
     res_leaves, res_def = jtu.tree_flatten(residuals)
 
     def unpack(res_leaves):
-        return eqx.combine(jtu.tree_unflatten(res_def, res_leaves), static)
+        return vary_everywhere(
+            eqx.combine(jtu.tree_unflatten(res_def, res_leaves), static)
+        )
 
     def jvp_fn(res_leaves, t_in):
         body, x, tape = unpack(res_leaves)
@@ -90,7 +94,7 @@ def _loop_jvp(primals, tangents):
         t_varying = jtu.tree_unflatten(jtu.tree_structure(varying), t_in)
 
         def replay(varying):
-            body, x, bufs = eqx.combine(varying, fixed)
+            body, x, bufs = vary_everywhere(eqx.combine(varying, fixed))
             return replay_sweep(body, config.layout, x, bufs, tape.trips, tape.length)
 
         _, t_out = jax.jvp(replay, (varying,), (t_varying,))

@@ -12,10 +12,9 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jaxtyping import Array, Int, PyTree
 
-from . import _progress, _slots
+from . import _progress, _slots, _vma
 from ._buffers import raise_violations
 from ._schedule import offline_placement, online_actions
 from ._step import advance
@@ -63,7 +62,7 @@ def plain_sweep(loop, max_steps: int | None, checked: bool):
             _progress.tick(meter, t + 1)
             return t + 1, advance(body, loop.layout, x, (), True)[0]
 
-        t, final = lax.while_loop(cond, step, (jnp.array(0, jnp.int32), loop.init))
+        t, final = _vma.while_loop(cond, step, (jnp.array(0, jnp.int32), loop.init))
         _progress.done(meter, t)
         return final, ()
 
@@ -81,7 +80,7 @@ def plain_sweep(loop, max_steps: int | None, checked: bool):
     written = _masks(loop.layout) if checked else None
     active = jnp.asarray(loop.cond(loop.init, loop.bufs), bool)
     state = (jnp.array(0, jnp.int32), loop.init, loop.bufs, written, active)
-    t, x, bufs, _, _ = lax.while_loop(masked_cond, masked_step, state)
+    t, x, bufs, _, _ = _vma.while_loop(masked_cond, masked_step, state)
     _progress.done(meter, t)
     return x, bufs
 
@@ -163,7 +162,7 @@ def checkpointed_sweep(
         jnp.full((slots,), _slots.UNUSED, jnp.int32),
         zero,
     )
-    length, x, bufs, _, _, trips, storage, positions, _ = lax.while_loop(
+    length, x, bufs, _, _, trips, storage, positions, _ = _vma.while_loop(
         cond, step, state
     )
     _progress.done(meter, length)
@@ -192,5 +191,5 @@ def replay_sweep(body, layout, x, bufs, trips, length):
         new_x, bufs, _ = advance(body, layout, x, bufs, active)
         return t + 1, select_if_batched(active, new_x, x), bufs
 
-    _, x, bufs = lax.while_loop(cond, step, (jnp.array(0, jnp.int32), x, bufs))
+    _, x, bufs = _vma.while_loop(cond, step, (jnp.array(0, jnp.int32), x, bufs))
     return x, bufs

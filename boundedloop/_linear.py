@@ -24,6 +24,8 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax.interpreters import ad, batching, mlir
 
+from ._vma import sum_over_devices
+
 
 def _impl(*args, n_res, jvp_fn, vjp_fn, out_avals, loop_effects):
     del vjp_fn, out_avals, loop_effects
@@ -49,6 +51,9 @@ def _transpose(cts, *args, n_res, jvp_fn, vjp_fn, out_avals, loop_effects):
     ]
     cts_in = vjp_fn(list(residuals), cts)
     assert len(cts_in) == len(linear)
+    # inside `shard_map`, an input the same on every device (a weight, say) was
+    # used by every device's loop: its cotangent is the sum of theirs
+    cts_in = [sum_over_devices(ct, x.aval) for ct, x in zip(cts_in, linear)]
     return [None] * n_res + list(cts_in)
 
 

@@ -21,7 +21,7 @@ import jax.tree_util as jtu
 import numpy as np
 from jax import lax
 
-from . import _slots
+from . import _slots, _vma
 from ._forward import Tape
 from ._schedule import binomial_table
 from ._unbatched import select_if_batched
@@ -127,7 +127,7 @@ def reverse_sweep(
             return i, depth, order_pos, storage, x
         target = i + split(end - i, slots - top)
         inner = (i, end, depth, target, order_pos, storage, x)
-        i, _, depth, _, order_pos, storage, x = lax.while_loop(cond, body, inner)
+        i, _, depth, _, order_pos, storage, x = _vma.while_loop(cond, body, inner)
         return i, depth, order_pos, storage, x
 
     def cond(state):
@@ -180,5 +180,5 @@ def reverse_sweep(
         ct_bufs,
         ct_params_zero,
     )
-    state = lax.while_loop(cond, body, state)
+    state = _vma.while_loop(cond, body, state)
     return state[6], state[4], state[5]

@@ -13,8 +13,11 @@ UNUSED = jnp.iinfo(jnp.int32).max  # position of a slot that holds nothing
 
 
 def empty(carry, slots: int):
-    """Storage for `slots` copies of `carry` (a pytree of arrays)."""
-    return jtu.tree_map(lambda x: jnp.zeros((slots,) + x.shape, x.dtype), carry)
+    """Storage for `slots` copies of `carry` (a pytree of arrays), each row sharded
+    (on a mesh with explicit axes) as the carry is."""
+    return jtu.tree_map(
+        lambda x: jnp.broadcast_to(jnp.zeros_like(x)[None], (slots,) + x.shape), carry
+    )
 
 
 def load(storage, slot):

@@ -22,7 +22,9 @@ def _impl(pred):
 
 
 def _abstract_eval(pred):
-    return jax.core.ShapedArray((), jnp.bool_)
+    # `pred`'s own type (so its sharding and, inside `shard_map`, the mesh axes it
+    # varies over), as a scalar bool
+    return pred.update(shape=(), dtype=jnp.dtype(bool), weak_type=False)
 
 
 def _batch(args, dims):
@@ -58,9 +60,16 @@ def _select_impl(pred, *operands):
 
 
 def _select_abstract_eval(pred, *operands):
-    del pred
+    # the type of `on_true`; inside `shard_map` the result varies over the mesh axes
+    # any operand varies over
     half = len(operands) // 2
-    return [jax.core.ShapedArray(o.shape, o.dtype) for o in operands[:half]]
+    out = []
+    for new, old in zip(operands[:half], operands[half:]):
+        kind = new.manual_axis_type
+        varying = kind.varying | old.manual_axis_type.varying
+        varying |= pred.manual_axis_type.varying
+        out.append(new.update(manual_axis_type=kind.update(varying=varying)))
+    return out
 
 
 def _select_batch(args, dims):

@@ -48,24 +48,9 @@ def test_sharded_buffer_and_scan_under_jit(results):
     _check(results, "jit_buffers", 10)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="known limitation: the checkpoint storage and masks are created without "
-    "the carry's sharding, which a mesh with Explicit axes rejects (ShardingTypeError "
-    "in _slots.store); see docs/guides/scale.md",
-)
 def test_explicit_axes_mesh(results):
     _check(results, "explicit", 28)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="known limitation: inside shard_map, arguments carry the manual mesh's "
-    "sharding and eqx.filter_closure_convert rejects them (ValueError: "
-    "Closure-converted function called with different dynamic arguments); see "
-    "docs/guides/scale.md",
-)
 def test_loop_inside_shard_map(results):
     _check(results, "shard_map", 3)

@@ -1,0 +1,103 @@
+"""Closure conversion: a traced function as a module whose closed-over arrays are
+leaves, so that the loop's custom JVP sees (and differentiates) them.
+
+`eqx.filter_closure_convert` does this too, but it insists that every later call
+passes arguments with exactly the example arguments' shardings. Inside
+`jax.shard_map` that is never so for the loop's own scalars (a flag created outside
+the loop has no sharding; inside it, it has the manual mesh's), so the loop could not
+run there. Here only the tree structure and the non-array arguments are checked;
+shapes and dtypes are fixed by the loop, which feeds the body its own outputs. Inside
+`shard_map` the arguments are cast to vary over every manual axis, when traced and
+when called, so the replayed jaxpr always sees the types it was traced with.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.extend.core
+import jax.tree_util as jtu
+
+from ._vma import vary, vary_everywhere
+
+
+class ClosureConverted(eqx.Module):
+    """`fn`, traced once against example arguments; its closed-over arrays are the
+    field `consts`. Call it with arguments shaped like the examples."""
+
+    jaxpr: jax.extend.core.Jaxpr = eqx.field(static=True)
+    consts: list
+    in_treedef: Any = eqx.field(static=True)
+    in_static: Any = eqx.field(static=True)
+    out_treedef: Any = eqx.field(static=True)
+    out_static: Any = eqx.field(static=True)
+
+    def __call__(self, *args):
+        dynamic, static = eqx.partition(vary_everywhere(args), eqx.is_array)
+        leaves, treedef = jtu.tree_flatten(dynamic)
+        if treedef != self.in_treedef or not _same_static(static, self.in_static):
+            raise ValueError(
+                "boundedloop internal error: a closure-converted function was "
+                "called with arguments of another structure; please report it."
+            )
+        out = _replay(self.jaxpr, self.consts, leaves)
+        return eqx.combine(jtu.tree_unflatten(self.out_treedef, out), self.out_static)
+
+
+def _replay(jaxpr, consts, args):
+    """`jax.core.eval_jaxpr`, except that the casts to varying which tracing put in
+    (`pvary`, inside `shard_map`) leave values that vary already as they are. The
+    loop passes closed-over arrays in already varying, once, outside its loops;
+    casting them inside would make their cotangents be summed across devices inside
+    the reverse loop, whose trip count differs between devices."""
+    env = {}
+
+    def read(v):
+        return v.val if isinstance(v, jax.extend.core.Literal) else env[v]
+
+    env.update(zip(jaxpr.constvars, consts))
+    env.update(zip(jaxpr.invars, args))
+    for eqn in jaxpr.eqns:
+        invals = [read(v) for v in eqn.invars]
+        if eqn.primitive.name == "pvary":
+            out = [vary(x, eqn.params["axes"]) for x in invals]
+            out = out if eqn.primitive.multiple_results else out[0]
+        else:
+            params = eqn.primitive.get_bind_params(eqn.params)
+            out = eqn.primitive.bind(*invals, **params)
+        outs = out if eqn.primitive.multiple_results else [out]
+        env.update(zip(eqn.outvars, outs))
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _same_static(a, b) -> bool:
+    return jtu.tree_structure(a) == jtu.tree_structure(b) and all(
+        x is y or x == y for x, y in zip(jtu.tree_leaves(a), jtu.tree_leaves(b))
+    )
+
+
+def closure_convert(fn: Callable, *args) -> ClosureConverted:
+    """Trace `fn(*args)` and return it as a `ClosureConverted`.
+
+    **Arguments:**
+
+    - `fn`: any function of pytrees; array leaves of its arguments are traced, other
+        leaves are static.
+    - `args`: example arguments.
+
+    **Returns:**
+
+    A `ClosureConverted` that computes `fn`.
+    """
+    args = vary_everywhere(args)
+    closed, out_struct, out_static = eqx.filter_make_jaxpr(fn)(*args)
+    dynamic, static = eqx.partition(args, eqx.is_array)
+    return ClosureConverted(
+        jaxpr=closed.jaxpr,
+        consts=list(closed.consts),
+        in_treedef=jtu.tree_structure(dynamic),
+        in_static=static,
+        out_treedef=jtu.tree_structure(out_struct),
+        out_static=out_static,
+    )
