@@ -4,8 +4,8 @@ trip count (gradients).
 
 Compiling dominates the cost, so the structural choices (which carry, `max_steps`,
 `checkpoints`, vmap or not) come from a fixed list of 24 configurations, each
-compiled once (the forward, and the value and gradient), and everything else is
-runtime data: the trip count (a traced argument of the predicate), the initial
+compiled once (the forward, and the value and gradient) and given 9 examples (216 in
+all), and everything hypothesis draws is runtime data: the trip count (a traced argument of the predicate), the initial
 values and the parameters. The references are compiled once per carry kind (and
 `max_steps`, for the forward). The gradient reference is the `lax.scan` of a fixed
 `PAD` steps whose step `k` is the body if `k < trips` and the identity otherwise
@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
+import pytest
 from hypothesis import given, HealthCheck, settings, strategies as st
 from jax import lax
 
@@ -276,13 +277,20 @@ def element(tree, b):
     return jtu.tree_map(lambda v: v[b], tree)
 
 
+def _config_id(config):
+    kind, max_steps, checkpoints, vmapped = config
+    return f"{kind}-max{max_steps}-ckpt{checkpoints}" + ("-vmap" if vmapped else "")
+
+
+# every configuration, 9 examples each: 216 in all
+@pytest.mark.parametrize("config", CONFIGS, ids=_config_id)
 @settings(
-    max_examples=200,
+    max_examples=9,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
-@given(config=st.sampled_from(CONFIGS), data=st.data())
+@given(data=st.data())
 def test_loop_matches_lax(config, data):
     kind_name, max_steps, checkpoints, vmapped = config
     kind = KINDS[kind_name]
