@@ -21,8 +21,10 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax import lax
 
+from ._setting import TraceSetting
 
-_checks = {"enabled": False}
+
+_checks = TraceSetting(False)
 
 
 @contextlib.contextmanager
@@ -43,16 +45,12 @@ def buffer_checks(enabled: bool = True):
 
     - `enabled`: whether to check.
     """
-    previous = _checks["enabled"]
-    _checks["enabled"] = enabled
-    try:
+    with _checks.set(enabled):
         yield
-    finally:
-        _checks["enabled"] = previous
 
 
 def checks_enabled() -> bool:
-    return _checks["enabled"]
+    return _checks.value
 
 
 def raise_violations(active, violations):

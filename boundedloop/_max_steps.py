@@ -13,8 +13,10 @@ import contextlib
 
 import equinox as eqx
 
+from ._setting import TraceSetting
 
-_checks = {"enabled": False}
+
+_checks = TraceSetting(False)
 
 
 @contextlib.contextmanager
@@ -44,12 +46,8 @@ def max_steps_check(enabled: bool = True):
 
     - `enabled`: whether to check.
     """
-    previous = _checks["enabled"]
-    _checks["enabled"] = enabled
-    try:
+    with _checks.set(enabled):
         yield
-    finally:
-        _checks["enabled"] = previous
 
 
 def check_stopped(loop, x, bufs, max_steps: int | None, name: str):
@@ -57,7 +55,7 @@ def check_stopped(loop, x, bufs, max_steps: int | None, name: str):
 
     `loop` is the `TracedLoop`; `x` and `bufs` its final arrays. A no-op unless the
     check is on and the loop is bounded."""
-    if not _checks["enabled"] or max_steps is None:
+    if not _checks.value or max_steps is None:
         return x, bufs
     still_going = loop.cond(x, bufs)
     return eqx.error_if(

@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ._setting import TraceSetting
+
 
 # about this many updates over `max_steps` steps, unless `every` is given
 UPDATES = 100
@@ -33,7 +35,7 @@ class _Settings:
     kwargs: dict
 
 
-_state: dict[str, _Settings | None] = {"settings": None}
+_settings = TraceSetting(None)  # a `_Settings` while the meter is on
 
 
 def _import_tqdm():
@@ -96,12 +98,8 @@ def progress_meter(
         )
     if tqdm_class is None:
         tqdm_class = _import_tqdm()
-    previous = _state["settings"]
-    _state["settings"] = _Settings(every, desc, tqdm_class, dict(tqdm_kwargs))
-    try:
+    with _settings.set(_Settings(every, desc, tqdm_class, dict(tqdm_kwargs))):
         yield
-    finally:
-        _state["settings"] = previous
 
 
 class Meter:
@@ -135,7 +133,7 @@ class Meter:
 
 def start(max_steps: int | None) -> Meter | None:
     """At trace time: the meter for a loop bounded by `max_steps`, or `None` (off)."""
-    settings = _state["settings"]
+    settings = _settings.value
     return None if settings is None else Meter(settings, max_steps)
 
 
