@@ -23,7 +23,12 @@ import jax
 import jax.tree_util as jtu
 
 from ._carry import Layout, TracedLoop
-from ._forward import checkpointed_sweep, plain_sweep, PLANNING_HORIZON, replay_sweep
+from ._forward import (
+    checkpointed_sweep,
+    plain_sweep,
+    planning_horizon,
+    replay_sweep,
+)
 from ._linear import forward_only, loop_tangent
 from ._reverse import reverse_sweep
 from ._step import advance, float_part, is_float, make_step_vjp
@@ -119,7 +124,7 @@ def _loop_jvp(primals, tangents):
             float_part(ct_bufs),
             ct_body_zero,
             config.checkpoints,
-            PLANNING_HORIZON,
+            planning_horizon(max_steps),
             every_step_stored=max_steps is not None and config.checkpoints >= max_steps,
         )
         ct_body, ct_x, ct_bufs = forward_only(ct_in)

@@ -21,10 +21,20 @@ from ._step import advance
 from ._unbatched import any_across_batch, select_if_batched
 
 
-# The forward placement is planned this many steps ahead, whatever `max_steps` is, so
-# that the compiled program is the same for every `max_steps`. Past it nothing more
-# is stored: still correct, but reversing the tail then costs more.
-PLANNING_HORIZON = 2**14
+# The forward placement is planned `max_steps` steps ahead, but at least
+# `MIN_HORIZON` (so that the compiled program is the same for every smaller
+# `max_steps`) and at most `MAX_HORIZON` (planning takes about a second there at 16
+# checkpoints; `max_steps=None` plans that far). Past the horizon nothing more is
+# stored: still correct, but reversing the tail then costs more.
+MIN_HORIZON = 2**14
+MAX_HORIZON = 2**17
+
+
+def planning_horizon(max_steps: int | None) -> int:
+    """How many steps ahead the forward placement is planned."""
+    if max_steps is None:
+        return MAX_HORIZON
+    return min(max(max_steps, MIN_HORIZON), MAX_HORIZON)
 
 
 def _within(step, max_steps):
@@ -109,7 +119,7 @@ def store_plan(
         positions = offline_placement(max_steps, slots)[1:]
         steps, slot_ids = np.asarray(positions), np.arange(1, len(positions) + 1)
     else:
-        steps, slot_ids = online_actions(slots, PLANNING_HORIZON)
+        steps, slot_ids = online_actions(slots, planning_horizon(max_steps))
     steps = np.concatenate([[0], steps, [np.iinfo(np.int32).max]]).astype(np.int32)
     slot_ids = np.concatenate([[0], slot_ids, [0]]).astype(np.int32)
     return steps, slot_ids
