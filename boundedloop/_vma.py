@@ -1,11 +1,18 @@
-"""`lax.while_loop` inside `jax.shard_map`.
+"""The loop inside `jax.shard_map`: which mesh axes values vary over.
 
-There every array's type says over which manual mesh axes it varies, and a loop's
+Inside `shard_map` every array's type says over which manual mesh axes it varies, and a loop's
 carry must keep its type. A carry that starts out the same on every device (a step
 counter, an empty checkpoint store) but is combined with per-device values in the
 step (a predicate, the carry itself) would change type, which `lax.while_loop`
 rejects. `while_loop` here first casts such initial values to vary (`lax.pcast`)
-where the step makes them vary. Outside `shard_map` it is `lax.while_loop`.
+where the step makes them vary. Outside `shard_map` it is `lax.while_loop`, and the
+other helpers here return their input unchanged.
+
+The loop casts everything it carries to vary over every manual axis once, before
+its loops (`vary_everywhere`), so that no cast, and so no collective in its
+transpose, happens inside a loop whose trip count differs between devices; the
+cotangents of inputs that were the same on every device are summed across devices
+once, afterwards (`sum_over_devices`).
 """
 
 import jax
@@ -32,10 +39,7 @@ def while_loop(cond_fun, body_fun, init_val):
         missing = [_varying(o) - _varying(x) for x, o in zip(leaves, out)]
         if not any(missing):
             break
-        leaves = [
-            lax.pcast(x, tuple(sorted(m)), to="varying") if m else x
-            for x, m in zip(leaves, missing)
-        ]
+        leaves = [vary(x, m) for x, m in zip(leaves, missing)]
         init_val = jtu.tree_unflatten(treedef, leaves)
     return lax.while_loop(cond_fun, body_fun, init_val)
 
