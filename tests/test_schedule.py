@@ -75,7 +75,7 @@ def test_reverse_events_live_checkpoints_bounded():
         check_events(reverse_events(positions, n, slots), positions, n, slots)
 
 
-@pytest.mark.parametrize("slots", [1, 2, 3, 6, 16])
+@pytest.mark.parametrize("slots", [1, 2, 3, 6, 16, 64])
 def test_online_actions_are_consistent(slots):
     steps, slot_ids = online_actions(slots, 3000)
     assert np.all(np.diff(steps) > 0)
@@ -100,4 +100,83 @@ def test_online_placement_near_optimal(slots):
     for n in [10, 100, 1000]:
         ours = gradient_body_evaluations(n, slots)
         optimum = 2 * n + best[n]
-        assert ours <= 1.10 * optimum, (n, slots, ours, optimum)
+        assert ours <= 1.05 * optimum, (n, slots, ours, optimum)
+
+
+def online_placements(slots, max_n):
+    """`forward_placement(n, slots)` for every `n <= max_n`, from one plan."""
+    steps, slot_ids = online_actions(slots, max_n)
+    actions = dict(zip(steps.tolist(), slot_ids.tolist()))
+    held = {0: 0}
+    out = [[0]]
+    for n in range(1, max_n + 1):
+        if n - 1 in actions:
+            held[actions[n - 1]] = n - 1
+        out.append(sorted(held.values()))
+    return out
+
+
+@pytest.mark.parametrize("slots", [2, 3, 4, 8, 16])
+def test_reverse_events_online_placement(slots):
+    # each step reversed exactly once, never more than `slots` held (the simulator
+    # asserts it), the advances are the placement's cost
+    placements = online_placements(slots, 400)
+    for n in [*range(1, 120), *range(120, 401, 7)]:
+        positions = placements[n]
+        if n % 50 == 0:
+            assert positions == forward_placement(n, slots)
+        assert len(positions) <= slots and positions[0] == 0 and positions[-1] < n
+        check_events(reverse_events(positions, n, slots), positions, n, slots)
+
+
+# the worst ratio of ours to the optimum over n <= 2000 (2n + extra evaluations); with
+# two slots no online placement does better (next test)
+WORST_RATIO = {2: 1.0968, 4: 1.03, 8: 1.01, 16: 1.005}
+
+
+@pytest.mark.parametrize("slots", [2, 4, 8, 16])
+def test_online_placement_worst_ratio(slots):
+    max_n = 2000
+    best = optimal_placement_costs(max_n, slots)
+    placements = online_placements(slots, max_n)
+    worst = max(
+        (2 * n + placement_cost(placements[n], n, slots)) / (2 * n + best[n])
+        for n in range(1, max_n + 1)
+    )
+    assert worst <= WORST_RATIO[slots], worst
+
+
+def two_slot_lower_bound_holds(lo, hi, ratio):
+    """Whether no online placement with two slots keeps every `n` in `[lo, hi]`
+    within `ratio` of the optimum. Two slots hold `{0, s}`, `s` the last store (or
+    `{0}`, `s = 0`); a store at `s'` serves `n` in `(s', next store]`."""
+    best = optimal_placement_costs(hi, 2)
+
+    def within(s, n):
+        extra = (
+            revolve_cost(n, 2)
+            if s == 0
+            else (revolve_cost(s, 2) + revolve_cost(n - s, 1))
+        )
+        return n < lo or 2 * n + extra <= ratio * (2 * n + best[n])
+
+    reachable = [True] + [False] * hi
+    for s in range(hi):
+        if reachable[s]:
+            n = s + 1
+            while n <= hi and within(s, n):
+                reachable[n] = True  # store at n: s still serves n itself
+                n += 1
+            if n > hi:
+                return False
+    return True
+
+
+@pytest.mark.parametrize("lo, hi, ratio", [(20, 40, 1.0967), (90, 110, 1.05)])
+def test_two_slots_online_lower_bound(lo, hi, ratio):
+    # whatever it does before, an online placement with two slots leaves some n in
+    # [20, 40] above 1.0967 times the optimum (ours: 1.0968 at most, n = 29), and some
+    # n in [90, 110] above 1.05 times it: n = 100 is within 5% only because of where
+    # it falls between two stores
+    assert two_slot_lower_bound_holds(lo, hi, ratio)
+    assert not two_slot_lower_bound_holds(lo, hi, 1.1)
