@@ -15,6 +15,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from recomputation import markdown_table  # noqa: E402
 
 from boundedloop._schedule import forward_placement, reverse_events  # noqa: E402
 
@@ -39,20 +40,7 @@ def tables():
 
 def recomputation_table():
     rows = json.loads((RESULTS / "recomputation.json").read_text())
-    lines = [
-        "| n | c | optimum | boundedloop | ratio | equinox checkpointed | ratio |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in sorted(rows, key=lambda r: (r["n"], r["c"])):
-        theirs = (
-            "not run | -"
-            if r["equinox"] is None
-            else f"{r['equinox']} | {r['equinox_over_optimum']:.3f}"
-        )
-        lines.append(
-            f"| {r['n']} | {r['c']} | {r['optimum']} | {r['boundedloop']} | "
-            f"{r['ours_over_optimum']:.3f} | {theirs} |"
-        )
+    lines = [markdown_table(rows)]
     (GENERATED / "recomputation.md").write_text("\n".join(lines) + "\n")
 
 
