@@ -224,12 +224,6 @@ def test_forward_mode_with_buffers():
         new = step(W, prev) * x
         return x, buf.at[i].set(new), i + 1, n
 
-    def ref_body(carry):
-        x, buf, i, n = carry
-        prev = jnp.where(i > 0, buf[jnp.maximum(i - 1, 0)], x)
-        new = step(W, prev) * x
-        return x, buf.at[i].set(new), i + 1, n
-
     def f(x, buf0):
         init = (x, buf0, jnp.array(0), jnp.array(4))
         out = bl.while_loop(
@@ -243,7 +237,8 @@ def test_forward_mode_with_buffers():
         return out[1]
 
     def ref(x, buf0):
-        return scan_loop(ref_body, (x, buf0, jnp.array(0), jnp.array(4)), 4)[1]
+        # the same body: a `Buffer` and an array share `buf[i]` and `.at[i].set`
+        return scan_loop(body, (x, buf0, jnp.array(0), jnp.array(4)), 4)[1]
 
     buf0 = jnp.zeros((rows, 3))
     t_buf = jnp.ones((rows, 3))
