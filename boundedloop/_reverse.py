@@ -68,9 +68,8 @@ def reverse_sweep(
     **Arguments:**
 
     - `step`: `(x, bufs, active) -> x'`, one step forward (for recomputation).
-    - `step_vjp`: `(x, bufs, ct_bufs, active) -> (x', pullback)`, one step
-        linearized, and `apply_updates(ct_bufs, updates, when)` (see
-        `_step.make_step_vjp`).
+    - `step_vjp`: `(x, bufs, ct_bufs, active) -> pullback`, one step linearized,
+        and `apply_updates(ct_bufs, updates)` (see `_step.make_step_vjp`).
     - `tape`: the forward sweep's `Tape`.
     - `ct_final`, `ct_bufs`: the cotangents of the final carry and buffers.
     - `ct_params_zero`: zeros shaped like `ct_params`.
@@ -90,13 +89,6 @@ def reverse_sweep(
     order_pos = tape.positions[order]
     depth = jnp.sum(tape.positions != _slots.UNUSED).astype(jnp.int32)
 
-    shapes = jax.eval_shape(
-        lambda: step_vjp(_slots.load(tape.storage, 0), bufs, ct_bufs, jnp.array(True))[
-            1
-        ](ct_final)[2]
-    )
-    no_updates = jtu.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-
     def recompute(state):
         """Advance from the top checkpoint to the segment's last step, storing the
         checkpoints the binomial schedule places on the way (forward steps only)."""
@@ -115,8 +107,10 @@ def reverse_sweep(
             storage = _slots.store(storage, order[free], x, push)
             order_pos = order_pos.at[free].set(jnp.where(push, i, order_pos[free]))
             depth = depth + push.astype(jnp.int32)
-            planned = i + split(end - i, slots - (depth - 1))
-            target = jnp.where(push, planned, target)
+            # plan the next split only when a checkpoint was stored (unbatched)
+            target = lax.cond(
+                push, lambda: i + split(end - i, slots - (depth - 1)), lambda: target
+            )
             return i, end, depth, target, order_pos, storage, x
 
         end, depth, order_pos, storage = state[:4]
@@ -139,7 +133,7 @@ def reverse_sweep(
         # reverse step i = end - 1; elements whose loop had already stopped there
         # pass `ct` through unchanged
         active = i < tape.trips
-        _, pullback = step_vjp(x, bufs, ct_bufs, active)
+        pullback = step_vjp(x, bufs, ct_bufs, active)
 
         def reverse(ct, ct_params):
             d_params, d_x, updates = pullback(ct)
@@ -155,6 +149,8 @@ def reverse_sweep(
             # it, and only that data dependence lets XLA order the read before the
             # write instead of copying the whole cotangent every step. (Without
             # buffers it is left out: its operands would take memory of their own.)
+            shapes = jax.eval_shape(reverse, ct, ct_params)[2]
+            no_updates = jtu.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
             ct, ct_params, updates = lax.cond(
                 i == end - 1,
                 reverse,
@@ -164,7 +160,7 @@ def reverse_sweep(
             )
         else:
             ct, ct_params, updates = reverse(ct, ct_params)
-        ct_bufs = apply_updates(ct_bufs, updates, jnp.array(True))
+        ct_bufs = apply_updates(ct_bufs, updates)
         # drop the top checkpoint once its segment is done
         end = end - 1
         done = end == order_pos[jnp.maximum(depth - 1, 0)]

@@ -36,8 +36,3 @@ def store(storage, slot, carry, when=True):
         return lax.dynamic_update_index_in_dim(s, x.astype(s.dtype), slot, 0)
 
     return jtu.tree_map(_store, storage, carry)
-
-
-def select(pred, on_true, on_false):
-    """Leafwise `jnp.where(pred, on_true, on_false)` for a scalar `pred`."""
-    return jtu.tree_map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)

@@ -32,12 +32,8 @@ def advance(body, layout, x, bufs, active, written=None):
 
 
 def make_step_vjp(body, layout, wanted):
-    """`step_vjp(x, bufs, ct_bufs, active) -> (x', pullback)`, with
+    """`step_vjp(x, bufs, ct_bufs, active) -> pullback`, one step linearized, with
     `pullback(ct_x') -> (ct_body, ct_x, updates)`.
-
-    Linearizing evaluates the step once; `x'` is its result, so a caller that only
-    wants to advance can use `x'` and never call `pullback` (the reverse sweep does
-    this, keeping the step's forward evaluation outside its `lax.cond`).
 
     `ct_body` covers the leaves of `body` where `wanted` (bools shaped like `body`)
     is true, `ct_x` the floating leaves of `x`. Leaving the rest out matters: a weight
@@ -70,17 +66,14 @@ def make_step_vjp(body, layout, wanted):
                 None,
             )
             values = tuple(v if is_float(v) else None for v, _, _ in writes)
-            diff_new, static_new = eqx.partition(new_x, is_float)
-            aux = tuple((i, p) for _, i, p in writes), reads, static_new
-            return (diff_new, values), aux
+            aux = tuple((i, p) for _, i, p in writes), reads
+            return (eqx.filter(new_x, is_float), values), aux
 
         float_dummies = tuple(stand_ins[k] for k in float_reads)
-        (diff_new, _), vjp_fn, (writes, reads, static_new) = jax.vjp(
+        _, vjp_fn, (writes, reads) = jax.vjp(
             f, diff_body, diff_x, float_dummies, has_aux=True
         )
-        return eqx.combine(diff_new, static_new), lambda ct: _pullback(
-            vjp_fn, writes, reads, ct, ct_bufs, active
-        )
+        return lambda ct: _pullback(vjp_fn, writes, reads, ct, ct_bufs, active)
 
     def _pullback(vjp_fn, writes, reads, ct, ct_bufs, active):
         ct_writes, cleared = [], []
@@ -99,8 +92,8 @@ def make_step_vjp(body, layout, wanted):
                 added.append((index, jnp.logical_and(fresh, active), d))
         return d_body, d_x, (tuple(cleared), tuple(added))
 
-    def apply_updates(ct_bufs, updates, when):
-        """`ct_bufs` after a step's `updates`, applied only where `when`."""
+    def apply_updates(ct_bufs, updates):
+        """`ct_bufs` after a step's `updates`."""
         cleared, added = updates
         ct_bufs = list(ct_bufs)
         write_leaves = [w for w in layout.write_leaves if ct_bufs[w] is not None]
@@ -111,11 +104,9 @@ def make_step_vjp(body, layout, wanted):
         ]
         for leaf, (index, live) in zip(write_leaves, cleared):
             here = get(ct_bufs[leaf], index)
-            live = jnp.logical_and(live, when)
             ct_bufs[leaf] = put(ct_bufs[leaf], index, jnp.zeros_like(here), live)
         for leaf, (index, live, d) in zip(read_leaves, added):
             here = get(ct_bufs[leaf], index)
-            live = jnp.logical_and(live, when)
             ct_bufs[leaf] = put(ct_bufs[leaf], index, here + d.astype(here.dtype), live)
         return tuple(ct_bufs)
 
