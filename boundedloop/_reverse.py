@@ -107,10 +107,9 @@ def reverse_sweep(
             storage = _slots.store(storage, order[free], x, push)
             order_pos = order_pos.at[free].set(jnp.where(push, i, order_pos[free]))
             depth = depth + push.astype(jnp.int32)
-            # plan the next split only when a checkpoint was stored (unbatched)
-            target = lax.cond(
-                push, lambda: i + split(end - i, slots - (depth - 1)), lambda: target
-            )
+            # computed every step: a `lax.cond` on `push` here measured 4x slower
+            planned = i + split(end - i, slots - (depth - 1))
+            target = jnp.where(push, planned, target)
             return i, end, depth, target, order_pos, storage, x
 
         end, depth, order_pos, storage = state[:4]

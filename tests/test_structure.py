@@ -2,13 +2,16 @@
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import boundedloop as bl
+from boundedloop._reverse import split_rule
 from boundedloop._schedule import (
     forward_placement,
     gradient_body_evaluations,
     reverse_events,
+    revolve_split,
 )
 
 from .helpers import Counter
@@ -90,3 +93,17 @@ def test_compiled_memory_does_not_depend_on_max_steps():
         f, x = _grad_program(max_steps, 8)
         temps.add(f.lower(x).compile().memory_analysis().temp_size_in_bytes)
     assert len(temps) == 1
+
+
+@pytest.mark.parametrize("slots", [2, 3, 8])
+def test_in_graph_split_matches_the_schedule(slots):
+    """The reverse sweep's compiled split equals `revolve_split` for every slot count
+    and lengths up to and beyond the planning horizon."""
+    split = jax.jit(jax.vmap(split_rule(slots, 2**14), in_axes=(0, None)))
+    lengths = np.concatenate(
+        [np.arange(0, 600), np.random.default_rng(0).integers(600, 2**15, 300)]
+    )
+    for k in range(1, slots + 1):
+        got = np.asarray(split(jnp.asarray(lengths, jnp.int32), jnp.int32(k)))
+        expected = [revolve_split(int(n), k) for n in lengths]
+        np.testing.assert_array_equal(got, expected)
