@@ -122,26 +122,6 @@ def _select_jvp(primals, tangents):
     return out, t_out
 
 
-def _select_transpose(cts, pred, *operands):
-    # linear in the operands; `pred` is never differentiated
-    half = len(operands) // 2
-    cts = [ad.instantiate_zeros(ct) if not _zero(ct) else None for ct in cts]
-    ct_new, ct_old = [None] * half, [None] * half
-    live = [k for k, ct in enumerate(cts) if ct is not None]
-    if live:
-        zeros = [jnp.zeros_like(cts[k]) for k in live]
-        for k, a, b in zip(
-            live,
-            select_if_batched_p.bind(pred, *[cts[k] for k in live], *zeros),
-            select_if_batched_p.bind(pred, *zeros, *[cts[k] for k in live]),
-        ):
-            ct_new[k], ct_old[k] = a, b
-    return [None] + [
-        ct if ad.is_undefined_primal(x) else None
-        for ct, x in zip(ct_new + ct_old, operands)
-    ]
-
-
 def _zero(t):
     return type(t) is ad.Zero
 
@@ -157,7 +137,6 @@ select_if_batched_p.def_impl(_select_impl)
 select_if_batched_p.def_abstract_eval(_select_abstract_eval)
 batching.primitive_batchers[select_if_batched_p] = _select_batch
 ad.primitive_jvps[select_if_batched_p] = _select_jvp
-ad.primitive_transposes[select_if_batched_p] = _select_transpose
 mlir.register_lowering(
     select_if_batched_p, mlir.lower_fun(_select_impl, multiple_results=True)
 )

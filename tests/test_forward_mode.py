@@ -282,3 +282,12 @@ def test_forward_mode_costs_one_tangent_pass():
     # grad linearizes and transposes: it never runs the tangent loop, only the
     # checkpointed forward and the reverse sweep
     assert counter.count == gradient_body_evaluations(7, 2)
+
+
+def test_forward_over_forward():
+    """`jacfwd(jacfwd(f))`: the JVP rule of the loop's tangent primitive."""
+    f = functools.partial(ours, w=W, limit=6, max_steps=10, checkpoints=2)
+    ref = functools.partial(reference, w=W, trips=6)
+    hess = jax.jit(jax.jacfwd(jax.jacfwd(lambda x: jnp.sum(f(x) ** 2))))(X0)
+    ref_hess = jax.hessian(lambda x: jnp.sum(ref(x) ** 2))(X0)
+    assert tree_allclose(hess, ref_hess, rtol=1e-4, atol=1e-5)
