@@ -7,7 +7,7 @@ for the usual workaround, nested `lax.scan` + `lax.cond`. The `bl.while_loop` gr
 stays flat; the nested loop's grows with `max_steps`, so it is run only up to
 `max_steps=512` and its cost at 4096 is estimated from the 512 row.
 
-    python examples/quickstart.py            # about 15 s on 2 CPU cores
+    python examples/quickstart.py            # 12 to 20 s on 2 CPU cores
     python examples/quickstart.py --quick    # a smaller model, max_steps 8 and 64
 """
 

@@ -2,9 +2,10 @@
 
 The model is a neural vector field `f(y)` (an `eqx.nn.MLP`) integrated from 0 to
 `T` by an adaptive Heun-Euler solver: each step estimates its own error and the step
-size follows, so every trajectory takes its own number of steps. The loop is a
-`bl.LoopModule`; training is `bl.filter_value_and_grad` + optax under `bl.filter_jit`,
-vmapped over a batch of initial conditions.
+size follows, so every trajectory takes its own number of steps (printed before and
+after training). The loop is a `bl.LoopModule`; training is
+`bl.filter_value_and_grad` + optax under `bl.filter_jit`, vmapped over a batch of
+initial conditions.
 
     python examples/train.py [--steps N]
 """
@@ -28,11 +29,11 @@ class AdaptiveHeun(bl.LoopModule):
     tol: float = 1e-3
 
     def cond(self, carry):
-        t, _, _ = carry
+        t, _, _, _ = carry
         return t < self.t_end
 
     def body(self, carry):
-        t, y, h = carry
+        t, y, h, steps = carry
         h = jnp.minimum(h, self.t_end - t)
         k1 = self.vector_field(y)
         k2 = self.vector_field(y + h * k1)
@@ -45,11 +46,13 @@ class AdaptiveHeun(bl.LoopModule):
         factor = jax.lax.stop_gradient(
             jnp.clip(0.9 * jnp.sqrt(self.tol / error), 0.2, 5.0)
         )
-        return t, y, h * factor
+        return t, y, h * factor, steps + 1
 
     def solve(self, y0, max_steps=256):
-        t, y, _ = self.run((0.0, y0, 0.1), max_steps=max_steps, checkpoints=8)
-        return y
+        """The state at `t_end`, the time reached and the number of loop steps (each
+        an accepted or a rejected step)."""
+        t, y, _, steps = self.run((0.0, y0, 0.1, 0), max_steps=max_steps, checkpoints=8)
+        return y, t, steps
 
 
 def dataset(key, size=32, t_end=2.0):
@@ -67,8 +70,18 @@ def main(steps=300, seed=0):
     optim = optax.adam(1e-2)
     opt_state = optim.init(eqx.filter(model, eqx.is_inexact_array))
 
+    def report_steps(model, when):
+        _, t, steps = bl.filter_jit(lambda m, y: jax.vmap(m.solve)(y))(model, y0)
+        print(
+            f"{when}: final time reached {float(jnp.min(t)):.3f} .. "
+            f"{float(jnp.max(t)):.3f}; loop steps per trajectory (max_steps=256):\n"
+            f"  {' '.join(str(int(n)) for n in steps)}",
+            flush=True,
+        )
+        return steps
+
     def loss_fn(model, y0, y1):
-        pred = jax.vmap(model.solve)(y0)
+        pred, _, _ = jax.vmap(model.solve)(y0)
         return jnp.mean((pred - y1) ** 2)
 
     @bl.filter_jit
@@ -79,18 +92,14 @@ def main(steps=300, seed=0):
         )
         return eqx.apply_updates(model, updates), opt_state, loss
 
+    report_steps(model, "before training")
     losses = []
     for step in range(steps):
         model, opt_state, loss = train_step(model, opt_state, y0, y1)
         losses.append(float(loss))
         if step % 50 == 0 or step == steps - 1:
-            print(f"step {step:4d}  loss {losses[-1]:.5f}")
-    trips = jax.vmap(lambda y: model.run((0.0, y, 0.1), max_steps=256, checkpoints=8))(
-        y0
-    )
-    print(
-        f"final time reached: {float(jnp.min(trips[0])):.3f} .. {float(jnp.max(trips[0])):.3f}"
-    )
+            print(f"step {step:4d}  loss {losses[-1]:.5f}", flush=True)
+    report_steps(model, "after training")
     return losses
 
 
