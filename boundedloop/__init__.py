@@ -9,8 +9,8 @@ from equinox import (
     filter_vmap as filter_vmap,
 )
 
-from ._buffers import Buffer as Buffer, buffer_checks as buffer_checks
-from ._max_steps import max_steps_check as max_steps_check
+from ._buffers import Buffer as Buffer
+from ._checks import buffer_checks as buffer_checks, max_steps_check as max_steps_check
 from ._module import Loop as Loop, LoopModule as LoopModule
 from ._progress import progress_meter as progress_meter
 from ._scan import fori_loop as fori_loop, scan as scan

@@ -11,7 +11,6 @@ standing in for its tangent (`_read` below), so the step's VJP with respect to t
 dummies is exactly the cotangent of each read value, to be added at `i`.
 """
 
-import contextlib
 import dataclasses
 from typing import Any
 
@@ -20,56 +19,6 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax import lax
-
-from ._setting import TraceSetting
-
-
-_checks = TraceSetting(False)
-
-
-@contextlib.contextmanager
-def buffer_checks(enabled: bool = True):
-    """Check the buffer rules of loops traced inside this block.
-
-    Off by default and free when off. When on, the forward pass of every loop traced
-    in the block keeps a record of which buffer locations have been written and
-    raises a runtime error (through `eqx.error_if`) on a second write to one
-    location, or on a read of a location that has not been written.
-
-    ```python
-    with bl.buffer_checks():
-        out = jax.jit(f)(x)   # f calls bl.while_loop(..., buffers=...)
-    ```
-
-    **Arguments:**
-
-    - `enabled`: whether to check.
-    """
-    with _checks.set(enabled):
-        yield
-
-
-def checks_enabled() -> bool:
-    return _checks.value
-
-
-def raise_violations(active, violations):
-    """`active`, with a runtime error attached if the step broke a buffer rule.
-
-    Tied to the loop's predicate so that the check can never be pruned away."""
-    double_write, unwritten_read = violations
-    active = eqx.error_if(
-        active,
-        double_write,
-        "`bl.while_loop`: a buffer location was written twice. Each location of a "
-        "buffer may be written at most once.",
-    )
-    return eqx.error_if(
-        active,
-        unwritten_read,
-        "`bl.while_loop`: a buffer read a location that has not been written. Only "
-        "written locations may be read.",
-    )
 
 
 def _index(idx, buf_ndim: int):

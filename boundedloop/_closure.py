@@ -19,7 +19,7 @@ import jax
 import jax.extend.core
 import jax.tree_util as jtu
 
-from ._vma import vary, vary_everywhere
+from ._shard_map import vary, vary_everywhere
 
 
 class ClosureConverted(eqx.Module):

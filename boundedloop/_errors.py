@@ -1,6 +1,5 @@
 """Argument checks shared by the loops, with messages that name the leaf at fault."""
 
-import math
 import operator
 from typing import Any
 
@@ -8,6 +7,8 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
+
+from ._schedule import default_checkpoints
 
 
 def check_max_steps(max_steps: Any, name: str) -> int | None:
@@ -67,14 +68,6 @@ def check_checkpoints(checkpoints: Any, max_steps: int | None, name: str) -> int
     return value
 
 
-def default_checkpoints(max_steps: int) -> int:
-    """`checkpoints=None`: every step while `max_steps <= 16`, else
-    `ceil(log2(max_steps)) + 4` copies of the carry (16 at `max_steps=4096`)."""
-    if max_steps <= 16:
-        return max(max_steps, 1)
-    return min(max_steps, math.ceil(math.log2(max_steps)) + 4)
-
-
 def _describe(leaf) -> str:
     if isinstance(leaf, jax.ShapeDtypeStruct | jax.Array | np.ndarray):
         weak = getattr(leaf, "weak_type", False)
@@ -86,7 +79,7 @@ def _describe(leaf) -> str:
 
 def check_carry_match(init, out, name: str, what: str = "body_fun") -> None:
     """Raise if `out` (the body's output, abstract) differs from `init` in structure,
-    shape or dtype, naming the first leaf that differs."""
+    shape or dtype, naming every leaf that differs (as `lax.while_loop` does)."""
     init_paths, init_def = jtu.tree_flatten_with_path(init)
     out_paths, out_def = jtu.tree_flatten_with_path(out)
     if init_def != out_def:
@@ -96,32 +89,48 @@ def check_carry_match(init, out, name: str, what: str = "body_fun") -> None:
             f"output has structure\n  {out_def}.\nReturn every carry component, "
             "in the same containers."
         )
-    for (path, a), (_, b) in zip(init_paths, out_paths):
-        where = "carry" + jtu.keystr(path)
-        a_array = _is_arraylike(a)
-        b_array = _is_arraylike(b)
-        if a_array != b_array:
-            raise TypeError(
-                f"`{name}`: the input carry component {where} is {_describe(a)} but "
-                f"`{what}` returns {_describe(b)} there; an array must stay an array "
-                "and a static (non-array) value must stay static."
+    problems = [
+        problem
+        for (path, a), (_, b) in zip(init_paths, out_paths)
+        if (problem := _leaf_mismatch("carry" + jtu.keystr(path), a, b, what))
+    ]
+    if not problems:
+        return
+    # a changed static value alone is a ValueError; a wrong type is a TypeError
+    kind = TypeError if any(k is TypeError for k, _ in problems) else ValueError
+    if len(problems) == 1:
+        raise kind(f"`{name}`: {problems[0][1]}")
+    listed = "\n- ".join(message for _, message in problems)
+    raise kind(
+        f"`{name}`: `{what}` changes {len(problems)} carry components:\n- {listed}"
+    )
+
+
+def _leaf_mismatch(where: str, a, b, what: str) -> tuple[type, str] | None:
+    """How output leaf `b` differs from input leaf `a`, or `None`."""
+    a_array, b_array = _is_arraylike(a), _is_arraylike(b)
+    if a_array != b_array:
+        return TypeError, (
+            f"the input carry component {where} is {_describe(a)} but `{what}` "
+            f"returns {_describe(b)} there; an array must stay an array and a "
+            "static (non-array) value must stay static."
+        )
+    if not a_array:
+        if a is not b and a != b:
+            return ValueError, (
+                f"the carry component {where} is a static value ({a!r}), but "
+                f"`{what}` changed it to {b!r}. Static values cannot change inside a "
+                "compiled loop; make it an array instead."
             )
-        if not a_array:
-            if a is not b and a != b:
-                raise ValueError(
-                    f"`{name}`: the carry component {where} is a static value "
-                    f"({a!r}), but `{what}` changed it to {b!r}. Static values "
-                    "cannot change inside a compiled loop; make it an array instead."
-                )
-            continue
-        if jnp.shape(a) != jnp.shape(b) or jnp.result_type(a) != jnp.result_type(b):
-            raise TypeError(
-                f"`{name}`: the input carry component {where} has type "
-                f"{_describe(a)} but the corresponding output carry component has "
-                f"type {_describe(b)}, so the carry changes across iterations. Make "
-                f"`{what}` return the same shape and dtype (e.g. with `.astype`), or "
-                "change the initial value to match."
-            )
+        return None
+    if jnp.shape(a) != jnp.shape(b) or jnp.result_type(a) != jnp.result_type(b):
+        return TypeError, (
+            f"the input carry component {where} has type {_describe(a)} but the "
+            f"corresponding output carry component has type {_describe(b)}, so the "
+            f"carry changes across iterations. Make `{what}` return the same shape "
+            "and dtype (e.g. with `.astype`), or change the initial value to match."
+        )
+    return None
 
 
 def check_predicate(pred, name: str, what: str = "cond_fun") -> None:

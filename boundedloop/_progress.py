@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._setting import TraceSetting
+from ._checks import TraceSetting
 
 
 # about this many updates over `max_steps` steps, unless `every` is given

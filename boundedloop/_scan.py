@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from ._buffers import buffer_checks
+from ._checks import buffer_checks
 from ._while_loop import run_loop
 
 

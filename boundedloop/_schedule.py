@@ -22,11 +22,35 @@ choice depends only on `t` and `c`, so it is planned here once, as a short list 
 import bisect
 import functools
 import math
+from typing import NamedTuple
 
 import numpy as np
 
 
 _INT32_MAX = 2**31 - 1
+
+# The forward placement is planned `max_steps` steps ahead, but at least
+# `MIN_HORIZON` (so that the compiled program is the same for every smaller
+# `max_steps`) and at most `MAX_HORIZON` (planning takes about a second there at 16
+# checkpoints; `max_steps=None` plans that far). Past the horizon nothing more is
+# stored: still correct, but reversing the tail then costs more.
+MIN_HORIZON = 2**14
+MAX_HORIZON = 2**17
+
+
+def default_checkpoints(max_steps: int) -> int:
+    """`checkpoints=None`: every step while `max_steps <= 16`, else
+    `ceil(log2(max_steps)) + 4` copies of the carry (16 at `max_steps=4096`)."""
+    if max_steps <= 16:
+        return max(max_steps, 1)
+    return min(max_steps, math.ceil(math.log2(max_steps)) + 4)
+
+
+def planning_horizon(max_steps: int | None) -> int:
+    """How many steps ahead the forward placement is planned."""
+    if max_steps is None:
+        return MAX_HORIZON
+    return min(max(max_steps, MIN_HORIZON), MAX_HORIZON)
 
 
 @functools.cache
@@ -134,6 +158,108 @@ def _cost_table(slots: int, max_length: int) -> np.ndarray:
     return out
 
 
+class _Target(NamedTuple):
+    """The optimal placement for the next tight trip count `n* = C(slots + r, slots)`."""
+
+    boundary: int  # n*
+    ideal: list[int]  # its positions after 0, sorted
+    ideal_array: np.ndarray
+    ideal_set: set[int]
+
+
+def _next_target(t: int, slots: int) -> _Target:
+    """The target for the first `n* >= t + 2`."""
+    r = 0
+    while math.comb(slots + r, slots) < t + 2:
+        r += 1
+    boundary = math.comb(slots + r, slots)
+    ideal = offline_placement(boundary, slots)[1:]
+    return _Target(boundary, ideal, np.asarray(ideal, dtype=np.int64), set(ideal))
+
+
+class _Options(NamedTuple):
+    """The costs of storing the next state in each way, for a fixed placement (the
+    cost of the old tail and the new one left out: they depend on `t`)."""
+
+    last: int  # the newest stored position
+    before_last: int
+    base: float  # the cost of the complete segments
+    s_all: int  # the cheapest slot to overwrite among all but the newest
+    other_all: float
+    s_free: int  # the cheapest among those not kept for the target
+    other_free: float
+    base_newest: float  # the cost without the newest position's segment
+    newest_kept: bool  # the newest position is one of the target's
+    newest_kept_from: int  # ... or stands in for one once `t` passes this
+
+
+def _store_options(positions, costs, slots: int, target: _Target, horizon: int):
+    seg_slots = slots - np.arange(slots - 1)  # segment j has slots - j slots
+    merge_slots = seg_slots[:-1]  # [p_{s-1}, p_{s+1}) takes segment s - 1's slots
+    last, before_last = int(positions[-1]), int(positions[-2])
+    # complete segments j = 0 .. slots - 2, with j's own slot count
+    lengths = positions[1:] - positions[:-1]
+    seg = costs[seg_slots, lengths]
+    base = float(seg.sum())
+    # other[s]: the cost of storing x_t in place of positions[s], 0 < s < slots - 1,
+    # without the old tail's: segments s - 1 and s merge, later complete ones gain
+    # a slot, the old tail [last, t) becomes a complete segment with two slots and
+    # [t, t + 1) costs nothing
+    other = np.full(slots, math.inf)
+    if slots > 2:
+        gain = np.cumsum((costs[seg_slots + 1, lengths] - seg)[::-1])[::-1]
+        merged = costs[merge_slots, positions[2:] - positions[:-2]]
+        other[1:-1] = merged - seg[:-1] - seg[1:]
+        other[1:-2] += gain[2:]
+    s_all = int(np.argmin(other))
+    other_all = base + other[s_all]
+    # the positions kept for n*: for each optimal position x <= last, the latest
+    # stored position at or before it
+    known = bisect.bisect_right(target.ideal, last)
+    kept = np.searchsorted(positions, target.ideal_array[:known], side="right") - 1
+    other[kept] = math.inf
+    s_free = int(np.argmin(other))
+    return _Options(
+        last=last,
+        before_last=before_last,
+        base=base,
+        s_all=s_all,
+        other_all=other_all,
+        s_free=s_free,
+        other_free=base + other[s_free],
+        base_newest=base - float(seg[-1]),
+        newest_kept=last in target.ideal_set,
+        newest_kept_from=target.ideal[known] if known < len(target.ideal) else horizon,
+    )
+
+
+def _next_store(t: int, end: int, options: _Options, two_slots, target, slots: int):
+    """The first step `t <= step < end` whose state is stored, and the slot index
+    (into the sorted positions) it overwrites; `None` if nothing is stored before
+    `end`."""
+    while t < end:
+        # if the loop ended at n = t + 1 with nothing stored at t
+        tail = t + 1 - options.last
+        skip = options.base + tail * (tail - 1) // 2
+        # storing x_t in place of the newest: [positions[-2], t) merges
+        newest = options.base_newest + two_slots[t - options.before_last]
+        if options.newest_kept or t > options.newest_kept_from:
+            # the newest is kept: overwrite one of the others, a free one if any
+            if options.other_free < math.inf:
+                newest, cost, s = math.inf, options.other_free, options.s_free
+            else:
+                cost, s = options.other_all, options.s_all
+        else:
+            cost, s = options.other_free, options.s_free
+        cost += two_slots[t - options.last]
+        if newest < cost:
+            cost, s = newest, slots - 1
+        if cost < skip or t in target.ideal_set:
+            return t, s
+        t += 1
+    return None
+
+
 @functools.lru_cache(maxsize=64)
 def online_actions(slots: int, horizon: int) -> tuple[np.ndarray, np.ndarray]:
     """Plan the forward sweep's stores for every step `t < horizon`.
@@ -174,78 +300,25 @@ def online_actions(slots: int, horizon: int) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     costs = _cost_table(slots, horizon)
     two_slots = costs[2].tolist()
-    steps: list[int] = []
-    slot_ids: list[int] = []
-    # positions[j] in increasing order; owner[j] is the slot holding positions[j]
+    # the first steps fill the free slots
     fill = min(slots, horizon)
-    steps.extend(range(1, fill))
-    slot_ids.extend(range(1, fill))
+    steps, slot_ids = list(range(1, fill)), list(range(1, fill))
+    # positions in increasing order; owner[j] is the slot holding positions[j]
     positions = np.arange(fill, dtype=np.int64)
     owner = list(range(fill))
-    t = fill
-    seg_slots = slots - np.arange(slots - 1)  # segment j has slots - j slots
-    merge_slots = seg_slots[:-1]  # [p_{s-1}, p_{s+1}) takes segment s - 1's slots
-    r, boundary = 0, 0
+    t, target = fill, None
     while t < horizon:
-        if t + 2 > boundary:
-            # n* = C(slots + r, slots) >= t + 2 and the optimal placement for it
-            while math.comb(slots + r, slots) < t + 2:
-                r += 1
-            boundary = math.comb(slots + r, slots)
-            ideal = offline_placement(boundary, slots)[1:]
-            ideal_array, ideal_set = np.asarray(ideal, dtype=np.int64), set(ideal)
-        last, before_last = int(positions[-1]), int(positions[-2])
-        # complete segments j = 0 .. slots - 2, with j's own slot count
-        lengths = positions[1:] - positions[:-1]
-        seg = costs[seg_slots, lengths]
-        base = float(seg.sum())
-        # other[s]: the cost of storing x_t in place of positions[s], 0 < s < slots
-        # - 1, without the old tail's: segments s - 1 and s merge, later complete
-        # ones gain a slot, the old tail [last, t) becomes a complete segment with
-        # two slots and [t, t + 1) costs nothing
-        other = np.full(slots, math.inf)
-        if slots > 2:
-            gain = np.cumsum((costs[seg_slots + 1, lengths] - seg)[::-1])[::-1]
-            merged = costs[merge_slots, positions[2:] - positions[:-2]]
-            other[1:-1] = merged - seg[:-1] - seg[1:]
-            other[1:-2] += gain[2:]
-        s_all = int(np.argmin(other))
-        other_all = base + other[s_all]
-        # the positions kept for n*: for each optimal position x <= last, the latest
-        # stored position at or before it
-        known = bisect.bisect_right(ideal, last)
-        other[np.searchsorted(positions, ideal_array[:known], side="right") - 1] = (
-            math.inf
+        if target is None or t + 2 > target.boundary:
+            target = _next_target(t, slots)
+        options = _store_options(positions, costs, slots, target, horizon)
+        # n* is the same for every t <= n* - 2
+        store = _next_store(
+            t, min(horizon, target.boundary - 1), options, two_slots, target, slots
         )
-        s_free = int(np.argmin(other))
-        other_free = base + other[s_free]
-        # the newest position is kept if it is optimal, or once it stands in for the
-        # optimal position after it (x_t itself stands in for t)
-        newest_kept = last in ideal_set
-        newest_kept_from = ideal[known] if known < len(ideal) else horizon
-        base_newest = base - float(seg[-1])
-        end = min(horizon, boundary - 1)  # n* is the same for every t <= n* - 2
-        while t < end:
-            # if the loop ended at n = t + 1 with nothing stored at t
-            tail = t + 1 - last
-            skip = base + tail * (tail - 1) // 2
-            # storing x_t in place of the newest: [positions[-2], t) merges
-            newest = base_newest + two_slots[t - before_last]
-            if newest_kept or t > newest_kept_from:  # kept: the others if any free
-                if other_free < math.inf:
-                    newest, cost, s = math.inf, other_free, s_free
-                else:
-                    cost, s = other_all, s_all
-            else:
-                cost, s = other_free, s_free
-            cost += two_slots[t - last]
-            if newest < cost:
-                cost, s = newest, slots - 1
-            if cost < skip or t in ideal_set:
-                break
-            t += 1
-        else:
+        if store is None:
+            t = min(horizon, target.boundary - 1)
             continue
+        t, s = store
         steps.append(t)
         slot_ids.append(owner[s])
         positions = np.concatenate((positions[:s], positions[s + 1 :], [t]))
@@ -293,7 +366,7 @@ def reverse_events(positions, n: int, slots: int) -> list[tuple[str, int]]:
 
     The sweep's events in order: `("advance", i)` evaluates step `i` forward,
     `("reverse", i)` evaluates its vector-Jacobian product. Mirrors the compiled
-    sweep in `_reverse.py` one iteration per event.
+    sweep in `_reverse_sweep.py` one iteration per event.
     """
     stack = sorted(positions)
     events = []
@@ -326,3 +399,23 @@ def gradient_body_evaluations(n: int, slots: int) -> int:
     """Body evaluations in one gradient of an `n`-step loop with `slots` slots:
     `n` forward, `n` reversed, plus the reverse sweep's recomputation."""
     return 2 * n + placement_cost(forward_placement(n, slots), n, slots)
+
+
+def store_plan(
+    slots: int, max_steps: int | None, known_length: bool = False
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The (step, slot) stores of the forward sweep, `x_0` in slot 0 first and a
+    sentinel last; `None` when every step is stored (`slots >= max_steps`).
+
+    With `known_length` the loop always takes `max_steps` steps (a scan), so the
+    placement is planned offline for exactly that length."""
+    if max_steps is not None and slots >= max_steps:
+        return None
+    if known_length:
+        positions = offline_placement(max_steps, slots)[1:]
+        steps, slot_ids = np.asarray(positions), np.arange(1, len(positions) + 1)
+    else:
+        steps, slot_ids = online_actions(slots, planning_horizon(max_steps))
+    steps = np.concatenate([[0], steps, [_INT32_MAX]]).astype(np.int32)
+    slot_ids = np.concatenate([[0], slot_ids, [0]]).astype(np.int32)
+    return steps, slot_ids

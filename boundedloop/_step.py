@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 
 from ._buffers import get, put
+from ._trace import Layout, StepIn
 
 
 def is_float(x) -> bool:
@@ -19,65 +20,81 @@ def float_part(tree):
     return eqx.filter(tree, is_float)
 
 
-def dummies(layout):
-    """Stand-ins for the buffer reads' tangents (see `_buffers._read`)."""
-    return tuple(jnp.zeros(r.shape, r.dtype) for r in layout.read_shapes)
-
-
-def advance(body, layout, x, bufs, active, written=None):
+def advance(body, layout: Layout, x, bufs, active, written=None):
     """`(x', bufs', written')`: one step; buffer writes happen only where `active`."""
     active = jnp.asarray(active, bool)
-    new_x, new_bufs, new_written, _, _ = body(x, bufs, dummies(layout), active, written)
-    return new_x, new_bufs, new_written
+    out = body(StepIn(x, bufs, layout.read_stand_ins(), active, written))
+    return out.x, out.bufs, out.written
 
 
-def make_step_vjp(body, layout, wanted):
-    """`step_vjp(x, bufs, ct_bufs, active) -> pullback`, one step linearized, with
-    `pullback(ct_x') -> (ct_body, ct_x, updates)`.
+class ReversibleStep:
+    """One step of a loop as the reverse sweep uses it.
 
-    `ct_body` covers the leaves of `body` where `wanted` (bools shaped like `body`)
-    is true, `ct_x` the floating leaves of `x`. Leaving the rest out matters: a weight
-    matrix nobody asked about would otherwise get a full-size cotangent every step.
-    `updates` says how the buffers' cotangents change, for `apply_updates`: cleared
-    where the step wrote (those values did not exist before) and added to where it
-    read. They are returned rather than applied so that the caller can apply them
-    outside any `lax.cond`, keeping the buffer-sized cotangents in place.
+    **Arguments:**
+
+    - `body`: the traced body (`StepIn -> StepOut`, closure-converted).
+    - `layout`: the carry's `Layout`.
+    - `wanted`: bools shaped like `body`: which of its leaves get cotangents.
+        Leaving the rest out matters: a weight matrix nobody asked about would
+        otherwise get a full-size cotangent every step.
     """
-    diff_body, static_body = eqx.partition(body, wanted)
-    float_reads = [
-        k
-        for k, r in enumerate(layout.read_shapes)
-        if jnp.issubdtype(r.dtype, jnp.inexact)
-    ]
 
-    def step_vjp(x, bufs, ct_bufs, active):
+    def __init__(self, body, layout: Layout, wanted):
+        self.body = body
+        self.layout = layout
+        self.diff_body, self.static_body = eqx.partition(body, wanted)
+        self.float_reads = [
+            k
+            for k, r in enumerate(layout.read_shapes)
+            if jnp.issubdtype(r.dtype, jnp.inexact)
+        ]
+
+    def forward(self, x, bufs, active):
+        """`x'`, one step forward (for recomputation)."""
+        return advance(self.body, self.layout, x, bufs, active)[0]
+
+    def zero_ct_body(self):
+        """Zeros shaped like the cotangent of the body's differentiated leaves."""
+        return jtu.tree_map(jnp.zeros_like, self.diff_body)
+
+    def vjp(self, x, bufs, ct_bufs, active):
+        """The step at `x`, linearized: `pullback(ct_x') -> (ct_body, ct_x,
+        updates)`, with `ct_x` for the floating leaves of `x`. `updates` says how
+        the buffers' cotangents change, for `apply_updates`: cleared where the step
+        wrote (those values did not exist before) and added to where it read. They
+        are returned rather than applied so that the caller can apply them outside
+        any `lax.cond`, keeping the buffer-sized cotangents in place."""
         diff_x, static_x = eqx.partition(x, is_float)
-        stand_ins = dummies(layout)
+        stand_ins = self.layout.read_stand_ins()
 
-        def f(db, dx, float_dummies):
-            all_dummies = list(stand_ins)
-            for k, d in zip(float_reads, float_dummies):
-                all_dummies[k] = d
-            new_x, _, _, writes, reads = eqx.combine(db, static_body)(
-                eqx.combine(dx, static_x),
+        def f(diff_body, diff_x, float_stand_ins):
+            all_stand_ins = list(stand_ins)
+            for k, d in zip(self.float_reads, float_stand_ins):
+                all_stand_ins[k] = d
+            body = eqx.combine(diff_body, self.static_body)
+            step = StepIn(
+                eqx.combine(diff_x, static_x),
                 bufs,
-                tuple(all_dummies),
+                tuple(all_stand_ins),
                 jnp.array(True),
                 None,
             )
-            values = tuple(v if is_float(v) else None for v, _, _ in writes)
-            aux = tuple((i, p) for _, i, p in writes), reads
-            return (eqx.filter(new_x, is_float), values), aux
+            out = body(step)
+            values = tuple(v if is_float(v) else None for v, _, _ in out.writes)
+            aux = tuple((i, p) for _, i, p in out.writes), out.reads
+            return (eqx.filter(out.x, is_float), values), aux
 
-        float_dummies = tuple(stand_ins[k] for k in float_reads)
+        float_stand_ins = tuple(stand_ins[k] for k in self.float_reads)
         _, vjp_fn, (writes, reads) = jax.vjp(
-            f, diff_body, diff_x, float_dummies, has_aux=True
+            f, self.diff_body, diff_x, float_stand_ins, has_aux=True
         )
-        return lambda ct: _pullback(vjp_fn, writes, reads, ct, ct_bufs, active)
+        access = writes, reads
+        return lambda ct: self._pullback(vjp_fn, access, ct, ct_bufs, active)
 
-    def _pullback(vjp_fn, writes, reads, ct, ct_bufs, active):
+    def _pullback(self, vjp_fn, access, ct, ct_bufs, active):
+        writes, reads = access
         ct_writes, cleared = [], []
-        for leaf, (index, pred) in zip(layout.write_leaves, writes):
+        for leaf, (index, pred) in zip(self.layout.write_leaves, writes):
             if ct_bufs[leaf] is None:
                 ct_writes.append(None)
                 continue
@@ -86,21 +103,21 @@ def make_step_vjp(body, layout, wanted):
             cleared.append((index, jnp.logical_and(pred, active)))
         d_body, d_x, d_reads = vjp_fn((ct, tuple(ct_writes)))
         added = []
-        for k, d in zip(float_reads, d_reads):
+        for k, d in zip(self.float_reads, d_reads):
             index, fresh = reads[k]
-            if ct_bufs[layout.read_leaves[k]] is not None:
+            if ct_bufs[self.layout.read_leaves[k]] is not None:
                 added.append((index, jnp.logical_and(fresh, active), d))
         return d_body, d_x, (tuple(cleared), tuple(added))
 
-    def apply_updates(ct_bufs, updates):
-        """`ct_bufs` after a step's `updates`."""
+    def apply_updates(self, ct_bufs, updates):
+        """`ct_bufs` after a step's `updates` (see `vjp`)."""
         cleared, added = updates
         ct_bufs = list(ct_bufs)
-        write_leaves = [w for w in layout.write_leaves if ct_bufs[w] is not None]
+        write_leaves = [w for w in self.layout.write_leaves if ct_bufs[w] is not None]
         read_leaves = [
-            layout.read_leaves[k]
-            for k in float_reads
-            if ct_bufs[layout.read_leaves[k]] is not None
+            self.layout.read_leaves[k]
+            for k in self.float_reads
+            if ct_bufs[self.layout.read_leaves[k]] is not None
         ]
         for leaf, (index, live) in zip(write_leaves, cleared):
             here = get(ct_bufs[leaf], index)
@@ -109,5 +126,3 @@ def make_step_vjp(body, layout, wanted):
             here = get(ct_bufs[leaf], index)
             ct_bufs[leaf] = put(ct_bufs[leaf], index, here + d.astype(here.dtype), live)
         return tuple(ct_bufs)
-
-    return step_vjp, apply_updates, jtu.tree_map(jnp.zeros_like, diff_body)

@@ -3,10 +3,10 @@
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ._carry import trace_loop
-from ._checkpointed import checkpointed_loop, LoopConfig
+from ._autodiff import checkpointed_loop, LoopConfig
+from ._checks import check_stopped
 from ._errors import check_checkpoints, check_max_steps
-from ._max_steps import check_stopped
+from ._trace import trace_loop
 
 
 Carry = TypeVar("Carry")
@@ -115,9 +115,7 @@ def run_loop(
         x, bufs = loop.init, loop.bufs
     else:
         config = LoopConfig(max_steps, checkpoints, loop.layout, known_length)
-        x, bufs = checkpointed_loop(
-            (loop.body, loop.init, loop.bufs), (loop.cond, loop.checked_body), config
-        )
+        x, bufs = checkpointed_loop(loop, config)
     if not known_length:  # a scan always takes all its steps
         x, bufs = check_stopped(loop, x, bufs, max_steps, name)
     return loop.finish(x, bufs)

@@ -1,6 +1,7 @@
 """Shared references for the tests."""
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
@@ -62,3 +63,13 @@ class Counter:
     @property
     def count(self):
         return len(self.calls)
+
+
+def primitive_names(jaxpr) -> list[str]:
+    """The names of every primitive in `jaxpr`, sub-jaxprs included, in order."""
+    out = []
+    for eqn in jaxpr.eqns:
+        out.append(eqn.primitive.name)
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            out += primitive_names(sub)
+    return out

@@ -10,7 +10,7 @@ import pytest
 
 import boundedloop as bl
 
-from .helpers import scan_loop, tree_allclose
+from .helpers import primitive_names, scan_loop, tree_allclose
 
 
 MAX_STEPS = 6
@@ -57,13 +57,6 @@ ARGS = {
 }
 
 
-def _primitives(jaxpr):
-    out = []
-    for eqn in jaxpr.eqns:
-        out.append(eqn.primitive.name)
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-            out += _primitives(sub)
-    return out
 
 
 def test_off_by_default_and_free():
@@ -71,9 +64,9 @@ def test_off_by_default_and_free():
     out = jax.jit(lambda x, n: loop(x, n))(X, jnp.array(50))
     assert int(out[1]) == MAX_STEPS
     # ... and the program has no error check in it
-    off = _primitives(jax.make_jaxpr(lambda x, n: loop(x, n))(X, jnp.array(50)).jaxpr)
+    off = primitive_names(jax.make_jaxpr(lambda x, n: loop(x, n))(X, jnp.array(50)).jaxpr)
     with bl.max_steps_check():
-        on = _primitives(
+        on = primitive_names(
             jax.make_jaxpr(lambda x, n: loop(x, n))(X, jnp.array(50)).jaxpr
         )
     assert "callback" not in off and "pure_callback" not in off

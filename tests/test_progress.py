@@ -11,6 +11,8 @@ import pytest
 
 import boundedloop as bl
 
+from .helpers import primitive_names
+
 
 class FakeBar:
     """The part of tqdm's interface the meter uses; records what it is told."""
@@ -130,13 +132,6 @@ def test_scan():
     assert bar.total == 10 and bar.seen == [4, 8, 10]
 
 
-def _primitives(jaxpr):
-    out = []
-    for eqn in jaxpr.eqns:
-        out.append(eqn.primitive.name)
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-            out += _primitives(sub)
-    return out
 
 
 @pytest.mark.parametrize("kind", ["forward", "grad"])
@@ -145,12 +140,12 @@ def test_compiled_out_when_off(kind):
         "forward": lambda x, n: loop(x, n, 100),
         "grad": jax.grad(lambda x, n: jnp.sum(loop(x, n, 100, 4)[0])),
     }[kind]
-    off = _primitives(jax.make_jaxpr(lambda *a: fn(*a))(X, jnp.array(3)).jaxpr)
+    off = primitive_names(jax.make_jaxpr(lambda *a: fn(*a))(X, jnp.array(3)).jaxpr)
     assert "debug_callback" not in off
     hlo = jax.jit(lambda *a: fn(*a)).lower(X, jnp.array(3)).as_text()
     assert "callback" not in hlo
     with bl.progress_meter(tqdm_class=FakeBar):
-        on = _primitives(jax.make_jaxpr(lambda *a: fn(*a))(X, jnp.array(3)).jaxpr)
+        on = primitive_names(jax.make_jaxpr(lambda *a: fn(*a))(X, jnp.array(3)).jaxpr)
         hlo_on = jax.jit(lambda *a: fn(*a)).lower(X, jnp.array(3)).as_text()
     assert "debug_callback" in on
     assert "callback" in hlo_on

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import boundedloop as bl
-from boundedloop._reverse import split_rule
+from boundedloop._reverse_sweep import split_rule
 from boundedloop._schedule import (
     forward_placement,
     gradient_body_evaluations,
@@ -85,14 +85,6 @@ def test_jaxpr_does_not_grow_with_max_steps():
         f, x = _grad_program(max_steps, 8)
         sizes.add(len(str(jax.make_jaxpr(f)(x)).splitlines()))
     assert len(sizes) == 1
-
-
-def test_compiled_memory_does_not_depend_on_max_steps():
-    temps = set()
-    for max_steps in [64, 4096, 1_000_000]:
-        f, x = _grad_program(max_steps, 8)
-        temps.add(f.lower(x).compile().memory_analysis().temp_size_in_bytes)
-    assert len(temps) == 1
 
 
 @pytest.mark.parametrize("slots", [2, 3, 8])

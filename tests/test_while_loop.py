@@ -235,32 +235,3 @@ def test_value_and_grad_and_jacrev():
     v1, g1 = jax.value_and_grad(lambda x: jnp.sum(f(x)))(X0)
     v2, g2 = jax.value_and_grad(lambda x: jnp.sum(g(x)))(X0)
     assert tree_allclose((v1, g1), (v2, g2))
-
-
-def test_nested_loop_gradient():
-    def inner(x):
-        return bl.while_loop(
-            lambda c: c[1] < 3,
-            lambda c: (jnp.sin(c[0]) + 0.5, c[1] + 1),
-            (x, 0),
-            max_steps=5,
-            checkpoints=2,
-        )[0]
-
-    def outer(x):
-        return bl.while_loop(
-            lambda c: c[1] < 4,
-            lambda c: (inner(c[0]) * 0.9, c[1] + 1),
-            (x, 0),
-            max_steps=7,
-            checkpoints=2,
-        )[0]
-
-    def ref(x):
-        def inner_ref(x):
-            return scan_loop(lambda c: (jnp.sin(c[0]) + 0.5, c[1] + 1), (x, 0), 3)[0]
-
-        return scan_loop(lambda c: (inner_ref(c[0]) * 0.9, c[1] + 1), (x, 0), 4)[0]
-
-    got = jax.grad(lambda x: jnp.sum(outer(x)))(X0)
-    assert tree_allclose(got, jax.grad(lambda x: jnp.sum(ref(x)))(X0))

@@ -1,5 +1,7 @@
 """The loop's tangent as a linear primitive, and a guard against reverse-over-reverse.
 
+Both primitives' rules are named after them and registered together at the end.
+
 `loop_tangent(residuals, tangents, ...)` is linear in `tangents`. It is bound by the
 loop's custom JVP rule and carries two Python functions as parameters:
 
@@ -24,20 +26,26 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax.interpreters import ad, batching, mlir
 
-from ._vma import sum_over_devices
+from ._shard_map import sum_over_devices
 
 
-def _impl(*args, n_res, jvp_fn, vjp_fn, out_avals, loop_effects):
+loop_tangent_p = jax.extend.core.Primitive("boundedloop_loop_tangent")
+loop_tangent_p.multiple_results = True
+forward_only_p = jax.extend.core.Primitive("boundedloop_forward_only")
+forward_only_p.multiple_results = True
+
+
+def _loop_tangent_impl(*args, n_res, jvp_fn, vjp_fn, out_avals, loop_effects):
     del vjp_fn, out_avals, loop_effects
     return jvp_fn(list(args[:n_res]), list(args[n_res:]))
 
 
-def _abstract_eval(*args, n_res, jvp_fn, vjp_fn, out_avals, loop_effects):
+def _loop_tangent_abstract_eval(*args, n_res, jvp_fn, vjp_fn, out_avals, loop_effects):
     del args, n_res, jvp_fn, vjp_fn
     return list(out_avals), loop_effects
 
 
-def _transpose(cts, *args, n_res, jvp_fn, vjp_fn, out_avals, loop_effects):
+def _loop_tangent_transpose(cts, *args, n_res, jvp_fn, vjp_fn, out_avals, loop_effects):
     del jvp_fn, loop_effects
     residuals, linear = args[:n_res], args[n_res:]
     if any(ad.is_undefined_primal(r) for r in residuals):
@@ -62,7 +70,7 @@ def _move(x, dim, size):
     return batching.bdim_at_front(x, dim, size)
 
 
-def _batch(args, dims, *, n_res, jvp_fn, vjp_fn, out_avals, loop_effects):
+def _loop_tangent_batch(args, dims, *, n_res, jvp_fn, vjp_fn, out_avals, loop_effects):
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
     args = [a if d is None else _move(a, d, size) for a, d in zip(args, dims)]
     axes = [None if d is None else 0 for d in dims]
@@ -87,7 +95,7 @@ def _batch(args, dims, *, n_res, jvp_fn, vjp_fn, out_avals, loop_effects):
     return out, [0] * len(out)
 
 
-def _jvp(primals, tangents, **params):
+def _loop_tangent_jvp(primals, tangents, **params):
     n_res, jvp_fn, out_avals = params["n_res"], params["jvp_fn"], params["out_avals"]
     out = loop_tangent_p.bind(*primals, **params)
     residuals, linear = list(primals[:n_res]), list(primals[n_res:])
@@ -115,16 +123,6 @@ def _jvp(primals, tangents, **params):
     if not parts:
         return out, [ad.Zero(a.to_tangent_aval()) for a in out_avals]
     return out, [sum(ts[1:], ts[0]) for ts in zip(*parts)]
-
-
-loop_tangent_p = jax.extend.core.Primitive("boundedloop_loop_tangent")
-loop_tangent_p.multiple_results = True
-loop_tangent_p.def_impl(_impl)
-loop_tangent_p.def_effectful_abstract_eval(_abstract_eval)
-ad.primitive_transposes[loop_tangent_p] = _transpose
-ad.primitive_jvps[loop_tangent_p] = _jvp
-batching.primitive_batchers[loop_tangent_p] = _batch
-mlir.register_lowering(loop_tangent_p, mlir.lower_fun(_impl, multiple_results=True))
 
 
 def loop_tangent(residuals, tangents, *, jvp_fn, vjp_fn, out_avals, loop_effects):
@@ -163,7 +161,7 @@ _REVERSE_OVER_REVERSE = (
 )
 
 
-def _identity_impl(*args):
+def _forward_only_impl(*args):
     return args
 
 
@@ -181,19 +179,6 @@ def _forward_only_transpose(cts, *args):
     raise RuntimeError(_REVERSE_OVER_REVERSE)
 
 
-forward_only_p = jax.extend.core.Primitive("boundedloop_forward_only")
-forward_only_p.multiple_results = True
-forward_only_p.def_impl(_identity_impl)
-forward_only_p.def_abstract_eval(lambda *avals: list(avals))
-ad.primitive_jvps[forward_only_p] = _forward_only_jvp
-ad.primitive_transposes[forward_only_p] = _forward_only_transpose
-batching.primitive_batchers[forward_only_p] = lambda args, dims: (
-    forward_only_p.bind(*args),
-    list(dims),
-)
-mlir.register_lowering(forward_only_p, lambda ctx, *args: list(args))
-
-
 def forward_only(tree):
     """`tree` unchanged. Its tangent (forward mode) passes through; transposing that
     tangent (reverse mode) raises an error explaining reverse-over-reverse."""
@@ -205,3 +190,33 @@ def forward_only(tree):
     for i, x in zip(arrays, out):
         leaves[i] = x
     return jtu.tree_unflatten(treedef, leaves)
+
+
+def _forward_only_abstract_eval(*avals):
+    return list(avals)
+
+
+def _forward_only_batch(args, dims):
+    return forward_only_p.bind(*args), list(dims)
+
+
+def _forward_only_lowering(ctx, *args):
+    del ctx
+    return list(args)
+
+
+loop_tangent_p.def_impl(_loop_tangent_impl)
+loop_tangent_p.def_effectful_abstract_eval(_loop_tangent_abstract_eval)
+ad.primitive_jvps[loop_tangent_p] = _loop_tangent_jvp
+ad.primitive_transposes[loop_tangent_p] = _loop_tangent_transpose
+batching.primitive_batchers[loop_tangent_p] = _loop_tangent_batch
+mlir.register_lowering(
+    loop_tangent_p, mlir.lower_fun(_loop_tangent_impl, multiple_results=True)
+)
+
+forward_only_p.def_impl(_forward_only_impl)
+forward_only_p.def_abstract_eval(_forward_only_abstract_eval)
+ad.primitive_jvps[forward_only_p] = _forward_only_jvp
+ad.primitive_transposes[forward_only_p] = _forward_only_transpose
+batching.primitive_batchers[forward_only_p] = _forward_only_batch
+mlir.register_lowering(forward_only_p, _forward_only_lowering)

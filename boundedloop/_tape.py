@@ -1,12 +1,16 @@
-"""Checkpoint storage: one stacked array per carry leaf, a row per slot.
+"""What the checkpointed forward sweep leaves for the reverse sweep: the `Tape`.
 
-Writes are branch-free: `store` always writes a row, either the new value or the
-row's own old value, so the buffer is updated in place and never copied whole.
+Checkpoint storage is one stacked array per carry leaf, a row per slot. Writes are
+branch-free: `store` always writes a row, either the new value or the row's own old
+value, so the storage is updated in place and never copied whole.
 """
+
+from typing import NamedTuple
 
 import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax import lax
+from jaxtyping import Array, Int, PyTree
 
 
 UNUSED = jnp.iinfo(jnp.int32).max  # position of a slot that holds nothing
@@ -36,3 +40,13 @@ def store(storage, slot, carry, when=True):
         return lax.dynamic_update_index_in_dim(s, x.astype(s.dtype), slot, 0)
 
     return jtu.tree_map(_store, storage, carry)
+
+
+class Tape(NamedTuple):
+    """What the checkpointed sweep leaves for the reverse sweep."""
+
+    storage: PyTree[Array]  # a row per slot (buffers are never stored)
+    positions: Int[Array, " slots"]  # the step whose state each slot holds
+    trips: Int[Array, ""]  # steps this element took (batched under vmap)
+    length: Int[Array, ""]  # iterations the sweep ran (never batched)
+    bufs: tuple  # the final buffers: every value ever written

@@ -1,8 +1,13 @@
-"""Splitting a user's carry into traced arrays and static values, and tracing the
-user's functions once against it (with the checks `lax.while_loop` makes)."""
+"""Tracing the user's functions: splitting the carry into traced arrays and static
+values, checking `cond_fun` and `body_fun` against it as `lax.while_loop` does, and
+closure-converting them into a `TracedLoop`.
+
+The traced body speaks one protocol, `body(StepIn) -> StepOut`, on the carry's array
+leaves split into `x` (ordinary leaves) and `bufs` (buffer leaves).
+"""
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -10,7 +15,8 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from ._buffers import Buffer, checks_enabled, find_buffers, StepTrace
+from ._buffers import Buffer, find_buffers, StepTrace
+from ._checks import buffer_checks_enabled
 from ._closure import closure_convert
 from ._errors import check_carry_match, check_predicate
 
@@ -63,14 +69,33 @@ def _returns_weak_scalars_cast(out, like):
     return jtu.tree_map(cast, out, like, is_leaf=lambda v: v is None)
 
 
+class StepIn(NamedTuple):
+    """What the traced body takes."""
+
+    x: tuple  # the ordinary carry leaves
+    bufs: tuple  # the buffer leaves
+    dummies: tuple  # stand-ins for the reads' tangents (see `_buffers._read`)
+    active: Any  # scalar bool: buffer writes happen only where true
+    written: Any  # None, or the buffer checks' `(masks, violations)`
+
+
+class StepOut(NamedTuple):
+    """What the traced body returns."""
+
+    x: tuple  # the new ordinary leaves
+    bufs: tuple  # the buffers after this step's writes
+    written: Any  # None, or the buffer checks' state after this step
+    writes: tuple  # `(value, index, pred)` per write, in order
+    reads: tuple  # `(index, fresh)` per read, in order (see `StepTrace.read`)
+
+
 class TracedLoop(eqx.Module):
     """A user's loop, traced once and closure-converted.
 
-    The carry's array leaves are split into `x` (a tuple of the ordinary leaves) and
-    `bufs` (a tuple of the buffer leaves). `body(x, bufs, dummies, active, written)`
-    returns `(x', bufs', written', writes, reads)` (see `_buffers`); `cond(x, bufs)`
-    returns the predicate. `checked_body` is `body` with the buffer checks on, or
-    `None`.
+    `body` is `StepIn -> StepOut`, `checked_body` the same with the buffer checks on
+    (or `None`), `cond(x, bufs)` the predicate. `init` and `bufs` are the initial
+    arrays. Only `body`, `init` and `bufs` are differentiated: the predicate is
+    piecewise constant, and `checked_body` computes what `body` does.
     """
 
     body: Callable
@@ -79,6 +104,10 @@ class TracedLoop(eqx.Module):
     init: tuple
     bufs: tuple
     layout: "Layout" = eqx.field(static=True)
+
+    def differentiable(self):
+        """`(body, init, bufs)`: the parts that get tangents."""
+        return self.body, self.init, self.bufs
 
     def finish(self, x, bufs):
         """The user-facing carry from the loop's arrays."""
@@ -112,17 +141,24 @@ class Layout(eqx.Module):
         dynamic = jtu.tree_unflatten(self.treedef, self.merge(x, bufs))
         return eqx.combine(dynamic, self.static)
 
+    def read_stand_ins(self) -> tuple:
+        """Zeros standing in for the buffer reads' tangents (see `_buffers._read`)."""
+        return tuple(jnp.zeros(r.shape, r.dtype) for r in self.read_shapes)
+
 
 def _generic_body(body_fun, layout: Layout, like, name: str):
     """The body on split arrays, with `Buffer` objects standing in for buffers."""
 
-    def generic(x, bufs, dummies, active, written):
-        # `written`: None, or (masks, violations) of the buffer checks
+    def generic(step: StepIn) -> StepOut:
+        written = step.written
         trace = StepTrace(
-            bufs, dummies, active, None if written is None else written[0]
+            step.bufs,
+            step.dummies,
+            step.active,
+            None if written is None else written[0],
         )
-        views = [Buffer(trace, k) for k in range(len(bufs))]
-        out = body_fun(layout.rebuild(x, views))
+        views = [Buffer(trace, k) for k in range(len(step.bufs))]
+        out = body_fun(layout.rebuild(step.x, views))
         out = _returns_weak_scalars_cast(out, like)
         is_buffer = lambda v: isinstance(v, Buffer)  # noqa: E731
         out_dynamic = eqx.filter(
@@ -143,7 +179,7 @@ def _generic_body(body_fun, layout: Layout, like, name: str):
         if trace.written is not None:
             violations = (trace.double_write, trace.unwritten_read)
             written = (tuple(trace.written), violations)
-        return tuple(new_x), tuple(trace.arrays), written, writes, reads
+        return StepOut(tuple(new_x), tuple(trace.arrays), written, writes, reads)
 
     return generic
 
@@ -152,33 +188,66 @@ def trace_loop(cond_fun, body_fun, init_val, buffers_fn, name: str) -> TracedLoo
     """Check and closure-convert `cond_fun` and `body_fun` against `init_val`."""
     dynamic, static = eqx.partition(init_val, is_carried)
     dynamic = jtu.tree_map(_as_array, dynamic)
-
-    def plain_body(d):
-        return body_fun(eqx.combine(d, static))
-
     buffer_pos = (
         () if buffers_fn is None else find_buffers(buffers_fn, dynamic, static, name)
     )
     if not buffer_pos:
-        out = eqx.filter_eval_shape(plain_body, dynamic)
-        if jtu.tree_structure(out) == jtu.tree_structure(init_val):
-            out_dynamic = eqx.filter(out, is_carried_shape)
-            adopted = jtu.tree_map(
-                _adopt_output_dtype, dynamic, out_dynamic, is_leaf=lambda v: v is None
-            )
-            if any(
-                a.dtype != b.dtype
-                for a, b in zip(jtu.tree_leaves(adopted), jtu.tree_leaves(dynamic))
-            ):
-                dynamic = adopted
+        dynamic = _adopt_body_dtypes(body_fun, init_val, dynamic, static)
     leaves, treedef = jtu.tree_flatten(dynamic)
     like = eqx.combine(
         jtu.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), dynamic), static
     )
     layout = Layout(treedef, static, buffer_pos, (), (), (), ())
     x0, bufs0 = layout.split(leaves)
+    out, access = _shape_and_static(_buffer_access(body_fun, layout), x0, bufs0)
+    if jtu.tree_structure(out) == jtu.tree_structure(like):
+        out = _returns_weak_scalars_cast(out, like)
+    check_carry_match(like, out, name)
+    layout = Layout(treedef, static, buffer_pos, *access)
 
-    # first trace: check the output carry and record the buffer reads
+    def cond_dynamic(x, bufs):
+        return cond_fun(layout.rebuild(x, bufs))
+
+    check_predicate(eqx.filter_eval_shape(cond_dynamic, x0, bufs0), name)
+    generic = _generic_body(body_fun, layout, like, name)
+    true = jnp.array(True)
+    example = StepIn(x0, bufs0, layout.read_stand_ins(), true, None)
+    body = closure_convert(generic, example)
+    checked = None
+    if buffer_pos and buffer_checks_enabled():
+        masks = tuple(jnp.zeros(s, bool) for s in layout.mask_shapes)
+        checked = closure_convert(
+            generic, example._replace(written=(masks, (true, true)))
+        )
+    cond = closure_convert(cond_dynamic, x0, bufs0)
+    return TracedLoop(body, cond, checked, tuple(x0), tuple(bufs0), layout)
+
+
+def _adopt_body_dtypes(body_fun, init_val, dynamic, static):
+    """`dynamic` with weakly typed leaves cast to the dtype the body returns there."""
+
+    def plain_body(d):
+        return body_fun(eqx.combine(d, static))
+
+    out = eqx.filter_eval_shape(plain_body, dynamic)
+    if jtu.tree_structure(out) != jtu.tree_structure(init_val):
+        return dynamic  # `check_carry_match` reports it
+    out_dynamic = eqx.filter(out, is_carried_shape)
+    adopted = jtu.tree_map(
+        _adopt_output_dtype, dynamic, out_dynamic, is_leaf=lambda v: v is None
+    )
+    changed = any(
+        a.dtype != b.dtype
+        for a, b in zip(jtu.tree_leaves(adopted), jtu.tree_leaves(dynamic))
+    )
+    return adopted if changed else dynamic
+
+
+def _buffer_access(body_fun, layout: "Layout"):
+    """`(x, bufs) -> (carry', access)`: the body on plain arrays, returning the
+    output carry and, as static metadata, the `Layout` fields that describe its
+    buffer reads and writes."""
+
     def shape_body(x, bufs):
         trace = StepTrace(bufs, None, jnp.array(True), None)
         views = [Buffer(trace, k) for k in range(len(bufs))]
@@ -193,36 +262,15 @@ def trace_loop(cond_fun, body_fun, init_val, buffers_fn, name: str) -> TracedLoo
             depth[leaf] = max(depth[leaf], len(idx))
         for w in trace.writes:
             depth[w.leaf] = max(depth[w.leaf], len(w.index))
-        meta = (
+        access = (
             tuple(r[2] for r in trace.reads),
             tuple(r[0] for r in trace.reads),
             tuple(w.leaf for w in trace.writes),
             tuple(b.shape[:d] for b, d in zip(bufs, depth)),
         )
-        return out, meta
+        return out, access
 
-    out, meta = _shape_and_static(shape_body, x0, bufs0)
-    if jtu.tree_structure(out) == jtu.tree_structure(like):
-        out = _returns_weak_scalars_cast(out, like)
-    check_carry_match(like, out, name)
-    layout = Layout(treedef, static, buffer_pos, *meta)
-    generic = _generic_body(body_fun, layout, like, name)
-    dummies = tuple(jnp.zeros(r.shape, r.dtype) for r in layout.read_shapes)
-    true = jnp.array(True)
-
-    def cond_dynamic(x, bufs):
-        return cond_fun(layout.rebuild(x, bufs))
-
-    check_predicate(eqx.filter_eval_shape(cond_dynamic, x0, bufs0), name)
-    body = closure_convert(generic, x0, bufs0, dummies, true, None)
-    checked = None
-    if buffer_pos and checks_enabled():
-        masks = tuple(jnp.zeros(s, bool) for s in layout.mask_shapes)
-        checked = closure_convert(
-            generic, x0, bufs0, dummies, true, (masks, (true, true))
-        )
-    cond = closure_convert(cond_dynamic, x0, bufs0)
-    return TracedLoop(body, cond, checked, tuple(x0), tuple(bufs0), layout)
+    return shape_body
 
 
 def _shape_and_static(fn, *args):

@@ -17,34 +17,30 @@ import jax.tree_util as jtu
 from jax.interpreters import ad, batching, mlir
 
 
-def _impl(pred):
+any_across_batch_p = jax.extend.core.Primitive("boundedloop_any_across_batch")
+select_if_batched_p = jax.extend.core.Primitive("boundedloop_select_if_batched")
+select_if_batched_p.multiple_results = True
+
+
+def _any_across_batch_impl(pred):
     return jnp.any(pred)
 
 
-def _abstract_eval(pred):
+def _any_across_batch_abstract_eval(pred):
     # `pred`'s own type (so its sharding and, inside `shard_map`, the mesh axes it
     # varies over), as a scalar bool
     return pred.update(shape=(), dtype=jnp.dtype(bool), weak_type=False)
 
 
-def _batch(args, dims):
+def _any_across_batch_batch(args, dims):
     (pred,), (dim,) = args, dims
     # reduce the batch axis away; what is left is one element's (scalar) predicate
     return any_across_batch_p.bind(jnp.any(pred, axis=dim)), None
 
 
-any_across_batch_p = jax.extend.core.Primitive("boundedloop_any_across_batch")
-any_across_batch_p.def_impl(_impl)
-any_across_batch_p.def_abstract_eval(_abstract_eval)
-batching.primitive_batchers[any_across_batch_p] = _batch
-# a boolean: no tangent
-ad.primitive_jvps[any_across_batch_p] = lambda primals, tangents: (
-    any_across_batch_p.bind(*primals),
-    _zero_like(jnp.zeros((), bool)),
-)
-mlir.register_lowering(
-    any_across_batch_p, mlir.lower_fun(_impl, multiple_results=False)
-)
+def _any_across_batch_jvp(primals, tangents):
+    del tangents  # a boolean: no tangent
+    return any_across_batch_p.bind(*primals), _zero_like(jnp.zeros((), bool))
 
 
 def any_across_batch(pred):
@@ -52,14 +48,14 @@ def any_across_batch(pred):
     return any_across_batch_p.bind(jnp.asarray(pred, dtype=bool))
 
 
-def _select_impl(pred, *operands):
+def _select_if_batched_impl(pred, *operands):
     # unbatched, `pred` is true wherever this is used (see `select_if_batched`)
     del pred
     half = len(operands) // 2
     return operands[:half]
 
 
-def _select_abstract_eval(pred, *operands):
+def _select_if_batched_abstract_eval(pred, *operands):
     # the type of `on_true`; inside `shard_map` the result varies over the mesh axes
     # any operand varies over
     half = len(operands) // 2
@@ -72,7 +68,7 @@ def _select_abstract_eval(pred, *operands):
     return out
 
 
-def _select_batch(args, dims):
+def _select_if_batched_batch(args, dims):
     pred, *operands = args
     pred_dim, *operand_dims = dims
     half = len(operands) // 2
@@ -106,7 +102,7 @@ def _select_batch(args, dims):
     return out, [0] * half
 
 
-def _select_jvp(primals, tangents):
+def _select_if_batched_jvp(primals, tangents):
     pred, *operands = primals
     _, *t_operands = tangents
     half = len(operands) // 2
@@ -131,17 +127,6 @@ def _zero_like(x):
     return ad.Zero(jax.typeof(x).to_tangent_aval())
 
 
-select_if_batched_p = jax.extend.core.Primitive("boundedloop_select_if_batched")
-select_if_batched_p.multiple_results = True
-select_if_batched_p.def_impl(_select_impl)
-select_if_batched_p.def_abstract_eval(_select_abstract_eval)
-batching.primitive_batchers[select_if_batched_p] = _select_batch
-ad.primitive_jvps[select_if_batched_p] = _select_jvp
-mlir.register_lowering(
-    select_if_batched_p, mlir.lower_fun(_select_impl, multiple_results=True)
-)
-
-
 def select_if_batched(pred, on_true, on_false):
     """Leafwise `where(pred, on_true, on_false)` for a scalar `pred` that is known to
     be true unless it is batched.
@@ -156,3 +141,22 @@ def select_if_batched(pred, on_true, on_false):
         return on_true
     out = select_if_batched_p.bind(jnp.asarray(pred, bool), *new, *old)
     return jtu.tree_unflatten(treedef, out)
+
+
+any_across_batch_p.def_impl(_any_across_batch_impl)
+any_across_batch_p.def_abstract_eval(_any_across_batch_abstract_eval)
+ad.primitive_jvps[any_across_batch_p] = _any_across_batch_jvp
+batching.primitive_batchers[any_across_batch_p] = _any_across_batch_batch
+mlir.register_lowering(
+    any_across_batch_p,
+    mlir.lower_fun(_any_across_batch_impl, multiple_results=False),
+)
+
+select_if_batched_p.def_impl(_select_if_batched_impl)
+select_if_batched_p.def_abstract_eval(_select_if_batched_abstract_eval)
+ad.primitive_jvps[select_if_batched_p] = _select_if_batched_jvp
+batching.primitive_batchers[select_if_batched_p] = _select_if_batched_batch
+mlir.register_lowering(
+    select_if_batched_p,
+    mlir.lower_fun(_select_if_batched_impl, multiple_results=True),
+)

@@ -4,7 +4,7 @@ Inside `shard_map` every array's type says over which manual mesh axes it varies
 carry must keep its type. A carry that starts out the same on every device (a step
 counter, an empty checkpoint store) but is combined with per-device values in the
 step (a predicate, the carry itself) would change type, which `lax.while_loop`
-rejects. `while_loop` here first casts such initial values to vary (`lax.pcast`)
+rejects. `varying_while_loop` first casts such initial values to vary (`lax.pcast`)
 where the step makes them vary. Outside `shard_map` it is `lax.while_loop`, and the
 other helpers here return their input unchanged.
 
@@ -27,7 +27,7 @@ def _varying(x) -> frozenset:
     return frozenset(kind.varying)
 
 
-def while_loop(cond_fun, body_fun, init_val):
+def varying_while_loop(cond_fun, body_fun, init_val):
     """As `lax.while_loop`, casting the initial carry to vary over the manual mesh
     axes its step makes it vary over (only inside `shard_map`)."""
     if not jax.sharding.get_abstract_mesh().manual_axes:

@@ -1,40 +1,34 @@
-"""The forward sweeps: plain (nothing saved) and checkpointed (saving the carry).
+"""The forward sweeps: plain (nothing saved), checkpointed (saving the carry for the
+reverse sweep) and replay (the same steps again, for forward-mode tangents).
 
-Both run the body while the predicate holds and fewer than `max_steps` steps have
+Each runs the body while the predicate holds and fewer than `max_steps` steps have
 been taken. Where buffers (or, for the checkpointed sweep, checkpoint bookkeeping)
 are carried, the sweep keeps its control unbatched under `vmap`: it runs while any
 element is still going and masks the elements that have stopped, instead of letting
 `lax.while_loop`'s batching select (and so copy) every carried array per step. The
 schedule is then shared by the whole batch and each element counts its own trip.
+
+Each sweep is a named scope (`boundedloop_forward`, ...), so jaxprs and profiles
+show which phase a loop is.
 """
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING
 
+import jax
 import jax.numpy as jnp
-import numpy as np
-from jaxtyping import Array, Int, PyTree
 
-from . import _progress, _slots, _vma
-from ._buffers import raise_violations
-from ._schedule import offline_placement, online_actions
+from . import _progress, _tape
+from ._batching import any_across_batch, select_if_batched
+from ._checks import raise_violations
+from ._schedule import store_plan
+from ._shard_map import varying_while_loop
 from ._step import advance
-from ._unbatched import any_across_batch, select_if_batched
+from ._tape import Tape
+from ._trace import TracedLoop
 
 
-# The forward placement is planned `max_steps` steps ahead, but at least
-# `MIN_HORIZON` (so that the compiled program is the same for every smaller
-# `max_steps`) and at most `MAX_HORIZON` (planning takes about a second there at 16
-# checkpoints; `max_steps=None` plans that far). Past the horizon nothing more is
-# stored: still correct, but reversing the tail then costs more.
-MIN_HORIZON = 2**14
-MAX_HORIZON = 2**17
-
-
-def planning_horizon(max_steps: int | None) -> int:
-    """How many steps ahead the forward placement is planned."""
-    if max_steps is None:
-        return MAX_HORIZON
-    return min(max(max_steps, MIN_HORIZON), MAX_HORIZON)
+if TYPE_CHECKING:
+    from ._autodiff import LoopConfig
 
 
 def _within(step, max_steps):
@@ -54,12 +48,19 @@ def _continue(loop, active, x, bufs, written):
     return active
 
 
-def plain_sweep(loop, max_steps: int | None, checked: bool):
+def _body(loop: TracedLoop):
+    return loop.body if loop.checked_body is None else loop.checked_body
+
+
+@jax.named_scope("boundedloop_forward")
+def plain_sweep(loop: TracedLoop, max_steps: int | None):
     """As `lax.while_loop(cond, body, init)`, stopping after `max_steps` steps.
 
-    `loop` is a `TracedLoop`; returns the final `(x, bufs)`.
+    **Returns:**
+
+    The final `(x, bufs)`.
     """
-    body = loop.checked_body if checked else loop.body
+    body = _body(loop)
     meter = _progress.start(max_steps)  # None unless `bl.progress_meter` is on
     if not loop.bufs:
 
@@ -72,7 +73,8 @@ def plain_sweep(loop, max_steps: int | None, checked: bool):
             _progress.tick(meter, t + 1)
             return t + 1, advance(body, loop.layout, x, (), True)[0]
 
-        t, final = _vma.while_loop(cond, step, (jnp.array(0, jnp.int32), loop.init))
+        init = (jnp.array(0, jnp.int32), loop.init)
+        t, final = varying_while_loop(cond, step, init)
         _progress.done(meter, t)
         return final, ()
 
@@ -87,56 +89,27 @@ def plain_sweep(loop, max_steps: int | None, checked: bool):
         _progress.tick(meter, t + 1)
         return t + 1, x, bufs, written, _continue(loop, active, x, bufs, written)
 
-    written = _masks(loop.layout) if checked else None
+    written = None if loop.checked_body is None else _masks(loop.layout)
     active = jnp.asarray(loop.cond(loop.init, loop.bufs), bool)
     state = (jnp.array(0, jnp.int32), loop.init, loop.bufs, written, active)
-    t, x, bufs, _, _ = _vma.while_loop(masked_cond, masked_step, state)
+    t, x, bufs, _, _ = varying_while_loop(masked_cond, masked_step, state)
     _progress.done(meter, t)
     return x, bufs
 
 
-class Tape(NamedTuple):
-    """What the checkpointed sweep leaves for the reverse sweep."""
-
-    storage: PyTree[Array]  # a row per slot (buffers are never stored)
-    positions: Int[Array, " slots"]  # the step whose state each slot holds
-    trips: Int[Array, ""]  # steps this element took (batched under vmap)
-    length: Int[Array, ""]  # iterations the sweep ran (never batched)
-    bufs: tuple  # the final buffers: every value ever written
-
-
-def store_plan(
-    slots: int, max_steps: int | None, known_length: bool = False
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """The (step, slot) stores of the forward sweep, `x_0` in slot 0 first and a
-    sentinel last; `None` when every step is stored (`slots >= max_steps`).
-
-    With `known_length` the loop always takes `max_steps` steps (a scan), so the
-    placement is planned offline for exactly that length."""
-    if max_steps is not None and slots >= max_steps:
-        return None
-    if known_length:
-        positions = offline_placement(max_steps, slots)[1:]
-        steps, slot_ids = np.asarray(positions), np.arange(1, len(positions) + 1)
-    else:
-        steps, slot_ids = online_actions(slots, planning_horizon(max_steps))
-    steps = np.concatenate([[0], steps, [np.iinfo(np.int32).max]]).astype(np.int32)
-    slot_ids = np.concatenate([[0], slot_ids, [0]]).astype(np.int32)
-    return steps, slot_ids
-
-
-def checkpointed_sweep(
-    loop, max_steps: int | None, slots: int, checked: bool, known_length: bool = False
-):
-    """The forward sweep of a differentiated loop.
+@jax.named_scope("boundedloop_checkpointed_forward")
+def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
+    """The forward sweep of a differentiated loop: `plain_sweep`, storing the
+    checkpoints `_schedule.store_plan` places.
 
     **Returns:**
 
     `((x, bufs), tape)`: the final arrays (equal to `plain_sweep`'s) and the `Tape`.
     """
-    body = loop.checked_body if checked else loop.body
+    body = _body(loop)
+    max_steps, slots = config.max_steps, config.checkpoints
     meter = _progress.start(max_steps)  # None unless `bl.progress_meter` is on
-    plan = store_plan(slots, max_steps, known_length)
+    plan = store_plan(slots, max_steps, config.known_length)
     if plan is not None:
         plan_steps, plan_slots = map(jnp.asarray, plan)
 
@@ -151,7 +124,7 @@ def checkpointed_sweep(
         else:
             slot, when = plan_slots[cursor], t == plan_steps[cursor]
             cursor = cursor + when.astype(jnp.int32)
-        storage = _slots.store(storage, slot, x, when)
+        storage = _tape.store(storage, slot, x, when)
         positions = positions.at[slot].set(jnp.where(when, t, positions[slot]))
         new_x, bufs, written = advance(body, loop.layout, x, bufs, active, written)
         x = select_if_batched(active, new_x, x)
@@ -165,27 +138,28 @@ def checkpointed_sweep(
         zero,
         loop.init,
         loop.bufs,
-        _masks(loop.layout) if checked else None,
+        None if loop.checked_body is None else _masks(loop.layout),
         jnp.asarray(loop.cond(loop.init, loop.bufs), bool),
         zero,
-        _slots.empty(loop.init, slots),
-        jnp.full((slots,), _slots.UNUSED, jnp.int32),
+        _tape.empty(loop.init, slots),
+        jnp.full((slots,), _tape.UNUSED, jnp.int32),
         zero,
     )
-    length, x, bufs, _, _, trips, storage, positions, _ = _vma.while_loop(
+    length, x, bufs, _, _, trips, storage, positions, _ = varying_while_loop(
         cond, step, state
     )
     _progress.done(meter, length)
     return (x, bufs), Tape(storage, positions, trips, length, bufs)
 
 
-def replay_sweep(body, layout, x, bufs, trips, length):
+@jax.named_scope("boundedloop_replay")
+def replay_sweep(body, layout, x, bufs, tape: Tape):
     """The steps a checkpointed sweep took, again, from `x` and `bufs`.
 
-    `trips` and `length` come from its `Tape`: the replay runs `length` iterations and
-    each element steps while its own count is below `trips`, without evaluating the
-    predicate (evaluating it again could round differently and stop elsewhere). The
-    forward-mode tangent of the loop is the JVP of this sweep.
+    The replay runs `tape.length` iterations and each element steps while its own
+    count is below `tape.trips`, without evaluating the predicate (evaluating it
+    again could round differently and stop elsewhere). The forward-mode tangent of
+    the loop is the JVP of this sweep.
 
     **Returns:**
 
@@ -193,13 +167,14 @@ def replay_sweep(body, layout, x, bufs, trips, length):
     """
 
     def cond(state):
-        return state[0] < length
+        return state[0] < tape.length
 
     def step(state):
         t, x, bufs = state
-        active = t < trips
+        active = t < tape.trips
         new_x, bufs, _ = advance(body, layout, x, bufs, active)
         return t + 1, select_if_batched(active, new_x, x), bufs
 
-    _, x, bufs = _vma.while_loop(cond, step, (jnp.array(0, jnp.int32), x, bufs))
+    init = (jnp.array(0, jnp.int32), x, bufs)
+    _, x, bufs = varying_while_loop(cond, step, init)
     return x, bufs
