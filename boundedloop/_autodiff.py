@@ -22,11 +22,11 @@ import equinox as eqx
 import jax
 import jax.tree_util as jtu
 
-from ._forward_sweeps import checkpointed_sweep, plain_sweep, replay_sweep
+from ._forward_sweeps import checkpointed_sweep, plain_sweep
 from ._reverse_sweep import reverse_sweep
 from ._shard_map import vary_everywhere
 from ._step import float_part, is_float, ReversibleStep
-from ._tangent import forward_only, loop_tangent
+from ._tangent import forward_only, loop_tangent, replay_tangent
 from ._trace import Layout, TracedLoop
 
 
@@ -85,16 +85,7 @@ def _loop_jvp(primals, tangents):
 
     def jvp_fn(res_leaves, t_in):
         body, x, tape = residuals.unpack(res_leaves)
-        # the final buffers stand in for the initial ones: every value the loop
-        # reads is written before and never changes (each location is written once)
-        varying, fixed = eqx.partition((body, x, tape.bufs), wanted)
-        t_varying = jtu.tree_unflatten(jtu.tree_structure(varying), t_in)
-
-        def replay(varying):
-            body, x, bufs = vary_everywhere(eqx.combine(varying, fixed))
-            return replay_sweep(body, config.layout, x, bufs, tape)
-
-        _, t_out = jax.jvp(replay, (varying,), (t_varying,))
+        t_out = replay_tangent((body, x, tape), wanted, t_in, config.layout)
         return [t for t, f in zip(jtu.tree_leaves(t_out), out_floating) if f]
 
     def vjp_fn(res_leaves, cts):

@@ -1,8 +1,9 @@
-"""The loop's tangent as a linear primitive, and a guard against reverse-over-reverse.
+"""Forward mode: the loop's tangent as a linear primitive, and a guard against
+reverse-over-reverse. Both primitives' rules are named after them and registered
+together at the end.
 
-Both primitives' rules are named after them and registered together at the end.
-
-`loop_tangent(residuals, tangents, ...)` is linear in `tangents`. It is bound by the
+`replay_tangent` is the tangent itself: the JVP of `replay_sweep`, which takes the
+steps the checkpointed sweep took again. `loop_tangent(residuals, tangents, ...)` is linear in `tangents`. It is bound by the
 loop's custom JVP rule and carries two Python functions as parameters:
 
 - `jvp_fn(residuals, tangents) -> out`: the tangent loop (forward mode). It is the
@@ -20,13 +21,15 @@ wraps the reverse sweep's results, so that forward-over-reverse (`jax.hessian`) 
 and reverse-over-reverse fails with a message that says what to do instead.
 """
 
+import equinox as eqx
 import jax
 import jax.extend.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax.interpreters import ad, batching, mlir
 
-from ._shard_map import sum_over_devices
+from ._forward_sweeps import replay_sweep
+from ._shard_map import sum_over_devices, vary_everywhere
 
 
 loop_tangent_p = jax.extend.core.Primitive("boundedloop_loop_tangent")
@@ -123,6 +126,34 @@ def _loop_tangent_jvp(primals, tangents, **params):
     if not parts:
         return out, [ad.Zero(a.to_tangent_aval()) for a in out_avals]
     return out, [sum(ts[1:], ts[0]) for ts in zip(*parts)]
+
+
+def replay_tangent(primals, wanted, t_in, layout):
+    """The loop's forward-mode tangent: the JVP of `replay_sweep`.
+
+    **Arguments:**
+
+    - `primals`: `(body, x, tape)`, the traced body, the initial carry and the
+        checkpointed sweep's `Tape`.
+    - `wanted`: bools shaped like `(body, x, bufs)`: which leaves have tangents.
+    - `t_in`: those tangents, flat.
+    - `layout`: the carry's `Layout`.
+
+    **Returns:**
+
+    The tangent of the final `(x, bufs)`.
+    """
+    body, x, tape = primals
+    # the final buffers stand in for the initial ones: every value the loop reads
+    # is written before and never changes (each location is written once)
+    varying, fixed = eqx.partition((body, x, tape.bufs), wanted)
+    t_varying = jtu.tree_unflatten(jtu.tree_structure(varying), t_in)
+
+    def replay(varying):
+        body, x, bufs = vary_everywhere(eqx.combine(varying, fixed))
+        return replay_sweep(body, layout, x, bufs, tape)
+
+    return jax.jvp(replay, (varying,), (t_varying,))[1]
 
 
 def loop_tangent(residuals, tangents, *, jvp_fn, vjp_fn, out_avals, loop_effects):

@@ -106,3 +106,17 @@ def test_weak_python_scalars_follow_lax():
         lambda c: c[1] < 3, lambda c: (1.0, c[1] + 1), (jnp.float32(0), 0), max_steps=5
     )
     assert out[0].dtype == jnp.float32
+
+
+def test_carry_mismatch_names_every_differing_leaf():
+    with pytest.raises(TypeError, match="changes 2 carry components") as info:
+        bl.while_loop(
+            lambda c: True,
+            lambda c: (c[0][:2], c[1] > 0, c[2]),
+            (jnp.zeros(3), 1, jnp.zeros(2)),
+            max_steps=3,
+        )
+    message = str(info.value)
+    assert "carry[0] has type float32[3]" in message
+    assert "carry[1] has type int32[]" in message
+    assert "carry[2]" not in message

@@ -1,6 +1,7 @@
 """Exact structural facts: body evaluations, recomputation order, program size."""
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -99,3 +100,23 @@ def test_in_graph_split_matches_the_schedule(slots):
         got = np.asarray(split(jnp.asarray(lengths, jnp.int32), jnp.int32(k)))
         expected = [revolve_split(int(n), k) for n in lengths]
         np.testing.assert_array_equal(got, expected)
+
+
+def _name_stacks(jaxpr) -> set[str]:
+    out = set()
+    for eqn in jaxpr.eqns:
+        out.add(str(eqn.source_info.name_stack))
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            out |= _name_stacks(sub)
+    return out
+
+
+def test_loop_phases_are_named():
+    f, x = _grad_program(4096, 8)
+    names = " ".join(_name_stacks(jax.make_jaxpr(f)(x).jaxpr))
+    for phase in ["checkpointed_forward", "reverse", "recompute"]:
+        assert f"boundedloop_{phase}" in names, phase
+    forward = jax.make_jaxpr(
+        lambda x: bl.while_loop(lambda c: c < 3.0, lambda c: c + 1.0, x, max_steps=5)
+    )(1.0)
+    assert "boundedloop_forward" in " ".join(_name_stacks(forward.jaxpr))
