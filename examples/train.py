@@ -72,12 +72,13 @@ def main(steps=300, seed=0):
 
     def report_steps(model, when):
         _, t, steps = bl.filter_jit(lambda m, y: jax.vmap(m.solve)(y))(model, y0)
+        print(f"{when}: final time {float(jnp.min(t)):.3f} .. {float(jnp.max(t)):.3f}")
         print(
-            f"{when}: final time reached {float(jnp.min(t)):.3f} .. "
-            f"{float(jnp.max(t)):.3f}; loop steps per trajectory (max_steps=256):\n"
-            f"  {' '.join(str(int(n)) for n in steps)}",
-            flush=True,
+            f"  loop steps per trajectory (max_steps=256), {int(jnp.min(steps))} .. "
+            f"{int(jnp.max(steps))}:"
         )
+        for row in range(0, len(steps), 16):
+            print("  " + " ".join(f"{int(n):3d}" for n in steps[row : row + 16]))
         return steps
 
     def loss_fn(model, y0, y1):
