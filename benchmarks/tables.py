@@ -30,11 +30,11 @@ def repetitions(n: int, c: int) -> int:
 def repetitions_table(steps=STEPS, checkpoints=CHECKPOINTS) -> str:
     """Markdown: one row per number of steps `n`, one column per `c`."""
     lines = [
-        "| steps `n` | " + " | ".join(f"`c = {c}`" for c in checkpoints) + " |",
+        "| steps `n` | " + " | ".join(f"r for c = {c}" for c in checkpoints) + " |",
         "|---:|" + "---:|" * len(checkpoints),
     ]
     for n in steps:
-        cells = " | ".join(f"`r = {repetitions(n, c)}`" for c in checkpoints)
+        cells = " | ".join(str(repetitions(n, c)) for c in checkpoints)
         lines.append(f"| {n} | {cells} |")
     return "\n".join(lines) + "\n"
 
