@@ -38,13 +38,15 @@ class LoopConfig(eqx.Module):
     layout: Layout = eqx.field(static=True)
     # the loop always takes `max_steps` steps (a scan): plan checkpoints offline
     known_length: bool = eqx.field(static=True, default=False)
+    # the loop's name for `bl.max_steps_check`'s error, or None: no check
+    stop_check: str | None = eqx.field(static=True, default=None)
 
 
 @eqx.filter_custom_jvp
 def checkpointed_loop(loop: TracedLoop, config: LoopConfig):
     """Run the loop; see `bl.while_loop`. Returns the final `(x, bufs)`."""
     # inside `shard_map`, everything varies across devices from here on
-    return plain_sweep(vary_everywhere(loop), config.max_steps)
+    return plain_sweep(vary_everywhere(loop), config)
 
 
 def _pick(mask, tree):
@@ -76,7 +78,7 @@ def _loop_jvp(primals, tangents):
     wanted = jtu.tree_map(lambda _, t: t is not None, loop.differentiable(), t_diff)
     t_in = jtu.tree_leaves(t_diff)
     if not t_in:  # only the predicate's arrays are perturbed
-        out = plain_sweep(loop, config.max_steps)
+        out = plain_sweep(loop, config)
         return out, jtu.tree_map(lambda _: None, out)
     out, tape = checkpointed_sweep(loop, config)
     out_floating = [is_float(o) for o in jtu.tree_leaves(out)]

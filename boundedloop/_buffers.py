@@ -6,9 +6,10 @@ checkpointed: the reverse sweep reads the final buffer, which holds every value 
 written because each location is written at most once. Cotangents are kept in a
 buffer-sized array too and touched only where the body reads or writes.
 
-To differentiate a step sparsely, each read returns `buf[i]` with a *dummy* input
+To differentiate a step sparsely, each read returns `buf[idx]` with a *dummy* input
 standing in for its tangent (`_read` below), so the step's VJP with respect to the
-dummies is exactly the cotangent of each read value, to be added at `i`.
+dummies is exactly the cotangent of each read value, to be added at `idx`. What an
+index may be, and how it is read and written in place, is in `_indexing`.
 """
 
 import dataclasses
@@ -18,39 +19,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
-from jax import lax
 
-
-def _index(idx, buf_ndim: int):
-    idx = idx if isinstance(idx, tuple) else (idx,)
-    if len(idx) > buf_ndim:
-        raise IndexError(
-            f"Too many indices for a buffer of rank {buf_ndim}: got {len(idx)}."
-        )
-    out = []
-    for i in idx:
-        i = jnp.asarray(i)
-        if i.shape != () or not jnp.issubdtype(i.dtype, jnp.integer):
-            raise TypeError(
-                "A buffer is indexed by scalar integers along its leading axes, "
-                f"`buf[i]` or `buf[i, j]`; got an index of type {i.dtype}{list(i.shape)}."
-            )
-        out.append(i.astype(jnp.int32))
-    return tuple(out)
-
-
-def get(array, idx):
-    start = idx + (jnp.array(0, jnp.int32),) * (array.ndim - len(idx))
-    sizes = (1,) * len(idx) + array.shape[len(idx) :]
-    return lax.dynamic_slice(array, start, sizes).reshape(array.shape[len(idx) :])
-
-
-def put(array, idx, value, pred=True):
-    if pred is not True:
-        value = jnp.where(pred, value, get(array, idx))
-    start = idx + (jnp.array(0, jnp.int32),) * (array.ndim - len(idx))
-    value = value.reshape((1,) * len(idx) + array.shape[len(idx) :])
-    return lax.dynamic_update_slice(array, value, start)
+from ._indexing import get, Index, make_index, overlay, put, SUPPORTED
 
 
 @jax.custom_jvp
@@ -76,14 +46,10 @@ def _read_jvp(primals, tangents):
 _read.defjvp(_read_jvp, symbolic_zeros=True)
 
 
-def _same_index(a, b):
-    return jnp.all(jnp.stack([i == j for i, j in zip(a, b)]))
-
-
 @dataclasses.dataclass
 class Write:
     leaf: int
-    index: tuple
+    index: Index
     value: Any
     pred: Any
 
@@ -104,56 +70,54 @@ class StepTrace:
         self.reads: list[tuple[int, tuple, Any, Any]] = []
         self.writes: list[Write] = []
 
-    def read(self, leaf, idx):
+    def read(self, leaf: int, index: Index):
         array = self.arrays[leaf]
         if self.written is not None:
-            done = jnp.all(get(self.written[leaf], idx))
+            done = jnp.all(get(self.written[leaf], index))
             unwritten = jnp.logical_and(self.active, ~done)
             self.unwritten_read = jnp.logical_or(self.unwritten_read, unwritten)
-        fresh = jnp.array(True)
         if self.dummies is None:
-            value = get(array, idx)
+            value = get(array, index)
         else:
             # the reverse sweep reads the final buffer: values this step wrote are
             # there already, but their cotangent must reach the written value
-            value = _read(array, idx, self.dummies[len(self.reads)])
+            value = _read(array, index, self.dummies[len(self.reads)])
             for w in self.writes:
-                if w.leaf == leaf and len(w.index) == len(idx):
-                    same = jnp.logical_and(w.pred, _same_index(w.index, idx))
-                    value = jnp.where(same, w.value, value)
-                    fresh = jnp.logical_and(fresh, ~same)
+                if w.leaf == leaf:
+                    new, hit = overlay(value, index, w.index, w.value, array.shape)
+                    value = jnp.where(w.pred, new, value)
         shape = jax.ShapeDtypeStruct(value.shape, value.dtype)
-        self.reads.append((leaf, idx, shape, fresh))
+        self.reads.append((leaf, index, shape))
         return value
 
-    def write(self, leaf, idx, value, pred):
+    def write(self, leaf: int, index: Index, value, pred):
         array = self.arrays[leaf]
-        value = jnp.asarray(value)
-        shape = array.shape[len(idx) :]
-        if value.shape != shape:
-            value = jnp.broadcast_to(value, shape)
+        value = jnp.broadcast_to(jnp.asarray(value), index.result_shape())
         value = value.astype(array.dtype)
         pred = jnp.asarray(True if pred is None else pred, bool)
         if pred.shape != ():
-            raise TypeError("`buf.at[i].set(x, pred=p)` needs `p` to be a scalar bool.")
-        self.writes.append(Write(leaf, idx, value, pred))
+            raise TypeError(
+                "`buf.at[...].set(x, pred=p)` needs `p` to be a scalar bool."
+            )
+        self.writes.append(Write(leaf, index, value, pred))
         live = jnp.logical_and(pred, self.active)
         if self.written is not None:
-            again = jnp.logical_and(live, jnp.any(get(self.written[leaf], idx)))
-            self.double_write = jnp.logical_or(self.double_write, again)
             mask = self.written[leaf]
-            block = jnp.ones(mask.shape[len(idx) :], bool)
-            self.written[leaf] = put(mask, idx, block, live)
-        self.arrays[leaf] = put(array, idx, value, live)
+            again = jnp.logical_and(live, jnp.any(get(mask, index)))
+            self.double_write = jnp.logical_or(self.double_write, again)
+            self.written[leaf] = put(mask, index, True, live)
+        self.arrays[leaf] = put(array, index, value, live)
 
 
 class Buffer:
-    """An array inside the loop body, read and written one location at a time.
+    """An array inside the loop body, read and written in place.
 
-    `buf[i]` reads; `buf.at[i].set(x)` and `buf.at[i].set(x, pred=p)` return the
-    buffer with location `i` set (only where `p` is true). `i` is a scalar integer
-    or a tuple of them, indexing the leading axes. Each location may be written at
-    most once per loop, and only written locations may be read.
+    `buf[idx]` reads; `buf.at[idx].set(x)` and `buf.at[idx].set(x, pred=p)` return
+    the buffer with `idx` set (only where `p` is true). `idx` is any combination of
+    integers (Python ints or traced scalars), slices with static bounds and `...`.
+    Each location may be written at most once per loop, and only written locations
+    may be read. A buffer may also be passed, inside the carry, to an inner
+    `bl.while_loop` or `bl.scan`, where it is a buffer of that loop too.
     """
 
     def __init__(self, trace: StepTrace, leaf: int):
@@ -177,7 +141,7 @@ class Buffer:
         return self._array.ndim
 
     def __getitem__(self, idx):
-        return self._trace.read(self._leaf, _index(idx, self.ndim))
+        return self._trace.read(self._leaf, make_index(idx, self.shape))
 
     @property
     def at(self):
@@ -186,28 +150,53 @@ class Buffer:
     def __repr__(self):
         return f"Buffer({jnp.dtype(self.dtype).name}{list(self.shape)})"
 
+    def __getattr__(self, name):
+        raise AttributeError(f"A `bl.Buffer` has no `{name}`. {_WHAT_A_BUFFER_DOES}")
+
+    def __jax_array__(self):
+        raise TypeError(
+            "A `bl.Buffer` is not an array: read it with `buf[idx]` (`buf[...]` "
+            f"for all of it). {_WHAT_A_BUFFER_DOES}"
+        )
+
+    __array__ = __jax_array__
+
+
+_WHAT_A_BUFFER_DOES = (
+    "Inside the loop a buffer supports `buf[idx]`, `buf.at[idx].set(x)`, "
+    "`buf.at[idx].set(x, pred=p)`, `buf.at[idx].get()`, `.shape`, `.dtype` and "
+    "`.ndim`; to compute with it, read it first (`buf[...]`). " + SUPPORTED
+)
+
 
 class _BufferAt:
     def __init__(self, buffer: Buffer):
         self._buffer = buffer
 
     def __getitem__(self, idx):
-        return _BufferRef(self._buffer, _index(idx, self._buffer.ndim))
+        return _BufferRef(self._buffer, make_index(idx, self._buffer.shape))
 
 
 class _BufferRef:
-    def __init__(self, buffer: Buffer, idx):
+    def __init__(self, buffer: Buffer, index: Index):
         self._buffer = buffer
-        self._idx = idx
+        self._index = index
 
     def set(self, x, *, pred=None) -> Buffer:
         """Set this location to `x` (where `pred` is true). Returns the buffer."""
         b = self._buffer
-        b._trace.write(b._leaf, self._idx, x, pred)
+        b._trace.write(b._leaf, self._index, x, pred)
         return b
 
     def get(self):
-        return self._buffer[self._idx]
+        b = self._buffer
+        return b._trace.read(b._leaf, self._index)
+
+    def __getattr__(self, name):
+        raise AttributeError(
+            f"`buf.at[...].{name}` is not supported: a buffer location is written "
+            f"once, with `.set`. {_WHAT_A_BUFFER_DOES}"
+        )
 
 
 class _Marker:

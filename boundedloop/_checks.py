@@ -9,32 +9,35 @@ leaves the compiled program exactly as it would be without it.
   stopped because of `max_steps` exactly when the predicate still holds on the final
   carry, so the check evaluates the predicate once more, on the final carry, and
   attaches an `eqx.error_if` to it: one predicate evaluation, nothing inside the
-  loop.
+  loop. It is attached to what every later use of the loop reads (the final carry,
+  and the trip count the backward pass reverses), so no transform prunes it.
+
+The two checks are JAX configuration states that are part of JAX's trace and jit
+cache keys, so entering a block after a function was first traced retraces it
+rather than silently reusing the unchecked trace.
 """
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
 
 import equinox as eqx
+from jax._src import config as jax_config
+
+from ._batching import any_across_batch
 
 
-class TraceSetting:
-    """A value, replaced inside `with setting.set(value):` and restored after."""
-
-    def __init__(self, default: Any):
-        self.value = default
-
-    @contextlib.contextmanager
-    def set(self, value: Any) -> Iterator[None]:
-        previous, self.value = self.value, value
-        try:
-            yield
-        finally:
-            self.value = previous
+def _traced_switch(name: str, help: str):
+    """A boolean JAX configuration state keyed into traces and jit caches."""
+    existing = jax_config.config_states.get(f"jax_{name}")
+    if existing is not None:  # this module imported twice (e.g. two revisions)
+        return existing
+    return jax_config.bool_state(
+        name, False, help, include_in_jit_key=True, include_in_trace_context=True
+    )
 
 
-_buffer_checks = TraceSetting(False)
+_buffer_checks = _traced_switch(
+    "boundedloop_buffer_checks", "Check the buffer rules of boundedloop's loops."
+)
 
 
 @contextlib.contextmanager
@@ -55,7 +58,7 @@ def buffer_checks(enabled: bool = True):
 
     - `enabled`: whether to check.
     """
-    with _buffer_checks.set(enabled):
+    with _buffer_checks(bool(enabled)):
         yield
 
 
@@ -82,7 +85,10 @@ def raise_violations(active, violations):
     )
 
 
-_max_steps_checks = TraceSetting(False)
+_max_steps_checks = _traced_switch(
+    "boundedloop_max_steps_check",
+    "Raise when a boundedloop loop stops because it reached max_steps.",
+)
 
 
 @contextlib.contextmanager
@@ -103,32 +109,39 @@ def max_steps_check(enabled: bool = True):
         out = jax.jit(f)(x)   # f calls bl.while_loop(..., max_steps=100)
     ```
 
-    The setting is read when the loop is traced, and JAX caches traces by function
-    and argument types, not by this setting: a function traced before the block
-    stays unchecked inside it, and one traced inside stays checked after it. Enter
-    the block before the first call (or call `jax.clear_caches()`).
+    The setting is part of JAX's trace and jit cache keys: a jitted function called
+    inside the block is traced (and compiled) again with the check on.
 
     **Arguments:**
 
     - `enabled`: whether to check.
     """
-    with _max_steps_checks.set(enabled):
+    with _max_steps_checks(bool(enabled)):
         yield
 
 
-def check_stopped(loop, x, bufs, max_steps: int | None, name: str):
-    """`(x, bufs)`, with a runtime error attached if the loop ran out of steps.
+def max_steps_check_enabled() -> bool:
+    return _max_steps_checks.value
 
-    `loop` is the `TracedLoop`; `x` and `bufs` its final arrays. A no-op unless the
-    check is on and the loop is bounded."""
-    if not _max_steps_checks.value or max_steps is None:
-        return x, bufs
-    still_going = loop.cond(x, bufs)
+
+def check_stopped(loop, tree, name: str, max_steps: int):
+    """`tree`, with a runtime error attached if the loop ran out of steps: if its
+    predicate still holds on the final carry (for any element, under `vmap`).
+
+    **Arguments:**
+
+    - `loop`: the `TracedLoop`.
+    - `tree`: `(x, bufs, ...)`: the final carry's arrays first, then anything else
+        the error must travel with.
+    - `name`, `max_steps`: for the message.
+    """
+    x, bufs = tree[:2]
+    still_going = any_across_batch(loop.cond(x, bufs))
     return eqx.error_if(
-        (x, bufs),
+        tree,
         still_going,
         f"`{name}` reached max_steps={max_steps} while `cond_fun` was still true, "
         "so it stopped before the loop finished. Raise `max_steps` (or pass "
-        "`max_steps=None` with `checkpoints=...` for no bound), or leave "
-        "`bl.max_steps_check` off if stopping early is intended.",
+        "`max_steps=None` for no bound), or leave `bl.max_steps_check` off if "
+        "stopping early is intended.",
     )

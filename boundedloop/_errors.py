@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from ._schedule import default_checkpoints
+from ._schedule import default_checkpoints, INT32_MAX
 
 
 def check_max_steps(max_steps: Any, name: str) -> int | None:
@@ -33,18 +33,13 @@ def check_max_steps(max_steps: Any, name: str) -> int | None:
             f"`{name}` needs `max_steps >= 0`, got {value}. Use `max_steps=None` for "
             "a loop with no bound."
         )
-    return value
+    # the step counter is an int32: no loop takes more steps than it can count
+    return min(value, INT32_MAX)
 
 
 def check_checkpoints(checkpoints: Any, max_steps: int | None, name: str) -> int:
     """The number of checkpoint slots to use, resolving the default."""
     if checkpoints is None:
-        if max_steps is None:
-            raise ValueError(
-                f"`{name}` with `max_steps=None` needs `checkpoints` set explicitly: "
-                "with no bound on the trip count there is no default to derive. Pass "
-                "e.g. `checkpoints=16`."
-            )
         return default_checkpoints(max_steps)
     if isinstance(checkpoints, bool) or isinstance(checkpoints, jax.core.Tracer):
         raise TypeError(

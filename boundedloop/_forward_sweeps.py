@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from . import _progress, _tape
 from ._batching import any_across_batch, select_if_batched
-from ._checks import raise_violations
+from ._checks import check_stopped, raise_violations
 from ._schedule import store_plan
 from ._shard_map import varying_while_loop
 from ._step import advance
@@ -48,12 +48,19 @@ def _continue(loop, active, x, bufs, written):
     return active
 
 
+def _finish(loop: TracedLoop, config: "LoopConfig", tree):
+    """`tree`, with `bl.max_steps_check`'s error attached when it is on."""
+    if config.stop_check is None:
+        return tree
+    return check_stopped(loop, tree, config.stop_check, config.max_steps)
+
+
 def _body(loop: TracedLoop):
     return loop.body if loop.checked_body is None else loop.checked_body
 
 
 @jax.named_scope("boundedloop_forward")
-def plain_sweep(loop: TracedLoop, max_steps: int | None):
+def plain_sweep(loop: TracedLoop, config: "LoopConfig"):
     """As `lax.while_loop(cond, body, init)`, stopping after `max_steps` steps.
 
     **Returns:**
@@ -61,6 +68,7 @@ def plain_sweep(loop: TracedLoop, max_steps: int | None):
     The final `(x, bufs)`.
     """
     body = _body(loop)
+    max_steps = config.max_steps
     meter = _progress.start(max_steps)  # None unless `bl.progress_meter` is on
     if not loop.bufs:
 
@@ -76,7 +84,7 @@ def plain_sweep(loop: TracedLoop, max_steps: int | None):
         init = (jnp.array(0, jnp.int32), loop.init)
         t, final = varying_while_loop(cond, step, init)
         _progress.done(meter, t)
-        return final, ()
+        return _finish(loop, config, (final, ()))
 
     def masked_cond(state):
         t, _, _, _, active = state
@@ -94,7 +102,7 @@ def plain_sweep(loop: TracedLoop, max_steps: int | None):
     state = (jnp.array(0, jnp.int32), loop.init, loop.bufs, written, active)
     t, x, bufs, _, _ = varying_while_loop(masked_cond, masked_step, state)
     _progress.done(meter, t)
-    return x, bufs
+    return _finish(loop, config, (x, bufs))
 
 
 @jax.named_scope("boundedloop_checkpointed_forward")
@@ -149,6 +157,8 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
         cond, step, state
     )
     _progress.done(meter, length)
+    # the check travels with the trip count too, which every backward pass reads
+    x, bufs, length = _finish(loop, config, (x, bufs, length))
     return (x, bufs), Tape(storage, positions, trips, length, bufs)
 
 

@@ -11,14 +11,12 @@ bar; tqdm throttles what it draws. The step count is reduced over the batch unde
 import contextlib
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
-
-from ._checks import TraceSetting
 
 
 # about this many updates over `max_steps` steps, unless `every` is given
@@ -33,6 +31,21 @@ class _Settings:
     desc: str
     tqdm_class: Callable[..., Any]
     kwargs: dict
+
+
+class TraceSetting:
+    """A value, replaced inside `with setting.set(value):` and restored after."""
+
+    def __init__(self, default: Any):
+        self.value = default
+
+    @contextlib.contextmanager
+    def set(self, value: Any) -> Iterator[None]:
+        previous, self.value = self.value, value
+        try:
+            yield
+        finally:
+            self.value = previous
 
 
 _settings = TraceSetting(None)  # a `_Settings` while the meter is on

@@ -87,6 +87,8 @@ def scan(
     `(final_carry, ys)`, `ys` stacked along a new leading axis.
     """
     name = "bl.scan"
+    if not callable(f):
+        raise TypeError(f"`{name}` needs `f` to be callable, got {f!r}.")
     n = _length(xs, length, name)
     x_shape = jtu.tree_map(
         lambda x: jax.ShapeDtypeStruct(np.shape(x)[1:], jnp.result_type(x)), xs

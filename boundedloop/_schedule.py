@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 
-_INT32_MAX = 2**31 - 1
+INT32_MAX = 2**31 - 1
 
 # The forward placement is planned `max_steps` steps ahead, but at least
 # `MIN_HORIZON` (so that the compiled program is the same for every smaller
@@ -38,9 +38,12 @@ MIN_HORIZON = 2**14
 MAX_HORIZON = 2**17
 
 
-def default_checkpoints(max_steps: int) -> int:
+def default_checkpoints(max_steps: int | None) -> int:
     """`checkpoints=None`: every step while `max_steps <= 16`, else
-    `ceil(log2(max_steps)) + 4` copies of the carry (16 at `max_steps=4096`)."""
+    `ceil(log2(max_steps)) + 4` copies of the carry (16 at `max_steps=4096`); 16
+    copies for a loop with no bound (`max_steps=None`)."""
+    if max_steps is None:
+        return 16
     if max_steps <= 16:
         return max(max_steps, 1)
     return min(max_steps, math.ceil(math.log2(max_steps)) + 4)
@@ -61,13 +64,13 @@ def binomial_table(max_slots: int, max_length: int) -> np.ndarray:
     repetition number of a segment no longer than `max_length` is found (for `k >= 2`;
     `k = 1` has a closed form).
     """
-    max_length = min(max(max_length, 2), _INT32_MAX)
+    max_length = min(max(max_length, 2), INT32_MAX)
     width = 2
     while math.comb(2 + width - 1, 2) < max_length:
         width *= 2
     rows = []
     for k in range(max_slots + 3):
-        rows.append([min(math.comb(k + r, k), _INT32_MAX) for r in range(width)])
+        rows.append([min(math.comb(k + r, k), INT32_MAX) for r in range(width)])
     return np.asarray(rows, dtype=np.int64)
 
 
@@ -298,6 +301,10 @@ def online_actions(slots: int, horizon: int) -> tuple[np.ndarray, np.ndarray]:
     """
     if slots <= 1:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    if slots >= horizon:  # every step within the horizon has a slot of its own
+        return np.arange(1, horizon, dtype=np.int64), np.arange(
+            1, horizon, dtype=np.int64
+        )
     costs = _cost_table(slots, horizon)
     two_slots = costs[2].tolist()
     # the first steps fill the free slots
@@ -416,6 +423,6 @@ def store_plan(
         steps, slot_ids = np.asarray(positions), np.arange(1, len(positions) + 1)
     else:
         steps, slot_ids = online_actions(slots, planning_horizon(max_steps))
-    steps = np.concatenate([[0], steps, [_INT32_MAX]]).astype(np.int32)
+    steps = np.concatenate([[0], steps, [INT32_MAX]]).astype(np.int32)
     slot_ids = np.concatenate([[0], slot_ids, [0]]).astype(np.int32)
     return steps, slot_ids

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
-from ._buffers import get, put
+from ._indexing import get, put
 from ._trace import Layout, StepIn
 
 
@@ -103,10 +103,11 @@ class ReversibleStep:
             cleared.append((index, jnp.logical_and(pred, active)))
         d_body, d_x, d_reads = vjp_fn((ct, tuple(ct_writes)))
         added = []
+        # a value this step wrote before reading it back has its cotangent taken
+        # by the write: the stand-in's cotangent is zero there
         for k, d in zip(self.float_reads, d_reads):
-            index, fresh = reads[k]
             if ct_bufs[self.layout.read_leaves[k]] is not None:
-                added.append((index, jnp.logical_and(fresh, active), d))
+                added.append((reads[k], active, d))
         return d_body, d_x, (tuple(cleared), tuple(added))
 
     def apply_updates(self, ct_bufs, updates):
@@ -120,8 +121,7 @@ class ReversibleStep:
             if ct_bufs[self.layout.read_leaves[k]] is not None
         ]
         for leaf, (index, live) in zip(write_leaves, cleared):
-            here = get(ct_bufs[leaf], index)
-            ct_bufs[leaf] = put(ct_bufs[leaf], index, jnp.zeros_like(here), live)
+            ct_bufs[leaf] = put(ct_bufs[leaf], index, 0, live)
         for leaf, (index, live, d) in zip(read_leaves, added):
             here = get(ct_bufs[leaf], index)
             ct_bufs[leaf] = put(ct_bufs[leaf], index, here + d.astype(here.dtype), live)

@@ -86,7 +86,7 @@ class StepOut(NamedTuple):
     bufs: tuple  # the buffers after this step's writes
     written: Any  # None, or the buffer checks' state after this step
     writes: tuple  # `(value, index, pred)` per write, in order
-    reads: tuple  # `(index, fresh)` per read, in order (see `StepTrace.read`)
+    reads: tuple  # the `Index` of each read, in order
 
 
 class TracedLoop(eqx.Module):
@@ -174,7 +174,7 @@ def _generic_body(body_fun, layout: Layout, like, name: str):
                 )
         new_x, _ = layout.split(leaves)
         writes = tuple((w.value, w.index, w.pred) for w in trace.writes)
-        reads = tuple((r[1], r[3]) for r in trace.reads)
+        reads = tuple(index for _, index, _ in trace.reads)
         written = None
         if trace.written is not None:
             violations = (trace.double_write, trace.unwritten_read)
@@ -257,16 +257,11 @@ def _buffer_access(body_fun, layout: "Layout"):
             out,
             is_leaf=lambda v: isinstance(v, Buffer),
         )
-        depth = [0] * len(bufs)
-        for leaf, idx, *_ in trace.reads:
-            depth[leaf] = max(depth[leaf], len(idx))
-        for w in trace.writes:
-            depth[w.leaf] = max(depth[w.leaf], len(w.index))
         access = (
-            tuple(r[2] for r in trace.reads),
-            tuple(r[0] for r in trace.reads),
+            tuple(shape for _, _, shape in trace.reads),
+            tuple(leaf for leaf, _, _ in trace.reads),
             tuple(w.leaf for w in trace.writes),
-            tuple(b.shape[:d] for b, d in zip(bufs, depth)),
+            tuple(b.shape for b in bufs),
         )
         return out, access
 

@@ -4,7 +4,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ._autodiff import checkpointed_loop, LoopConfig
-from ._checks import check_stopped
+from ._checks import check_stopped, max_steps_check_enabled
 from ._errors import check_checkpoints, check_max_steps
 from ._trace import trace_loop
 
@@ -55,12 +55,14 @@ def while_loop(
         carried (and differentiated, if floating); other leaves are static and must
         be returned unchanged.
     - `max_steps`: a non-negative `int`, the most steps to take; or `None` for no
-        bound (then `checkpoints` must be given). Reaching it stops the loop
+        bound. Values above `2**31 - 1` (what the int32 step counter can count)
+        act as `2**31 - 1`. Reaching it stops the loop
         silently, as `lax` would; inside `with bl.max_steps_check():` it is an
         error instead.
     - `checkpoints`: how many copies of the carry the backward pass may hold, a
         positive `int`. `None` picks every step when `max_steps <= 16`, otherwise
-        `ceil(log2(max_steps)) + 4` (16 at `max_steps=4096`). More checkpoints
+        `ceil(log2(max_steps)) + 4` (16 at `max_steps=4096`), and 16 for
+        `max_steps=None`. More than `max_steps` are never used. More checkpoints
         cost memory and save recomputation: with `c` checkpoints an `n`-step
         gradient makes about `2n + r n` body evaluations, where `r` is the
         smallest integer with `binomial(c + r, r) >= n`.
@@ -103,6 +105,9 @@ def run_loop(
     known_length: bool = False,
 ):
     """`while_loop`, and the machinery `scan` shares: validate, trace, run."""
+    for arg, fn in [("cond_fun", cond_fun), ("body_fun", body_fun)]:
+        if not callable(fn):
+            raise TypeError(f"`{name}` needs `{arg}` to be callable, got {fn!r}.")
     max_steps = check_max_steps(max_steps, name)
     checkpoints = check_checkpoints(checkpoints, max_steps, name)
     if buffers is not None and not callable(buffers):
@@ -111,11 +116,19 @@ def run_loop(
             f"{buffers!r}."
         )
     loop = trace_loop(cond_fun, body_fun, init_val, buffers, name)
+    # a scan always takes all its steps; an unbounded loop never runs out
+    checked = max_steps_check_enabled() and not known_length and max_steps is not None
     if max_steps == 0:
         x, bufs = loop.init, loop.bufs
+        if checked:
+            x, bufs = check_stopped(loop, (x, bufs), name, max_steps)
     else:
-        config = LoopConfig(max_steps, checkpoints, loop.layout, known_length)
+        config = LoopConfig(
+            max_steps,
+            checkpoints,
+            loop.layout,
+            known_length,
+            stop_check=name if checked else None,
+        )
         x, bufs = checkpointed_loop(loop, config)
-    if not known_length:  # a scan always takes all its steps
-        x, bufs = check_stopped(loop, x, bufs, max_steps, name)
     return loop.finish(x, bufs)

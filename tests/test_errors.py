@@ -46,9 +46,13 @@ def test_checkpoints_wrong_type():
         bl.while_loop(cond, body, INIT, max_steps=8, checkpoints=2.0)
 
 
-def test_unbounded_needs_checkpoints():
-    with pytest.raises(ValueError, match="max_steps=None"):
-        bl.while_loop(cond, body, INIT, max_steps=None)
+@pytest.mark.parametrize("which", ["cond_fun", "body_fun"])
+def test_not_callable(which):
+    fns = {"cond_fun": cond, "body_fun": body, which: 3}
+    with pytest.raises(TypeError, match=f"`{which}` to be callable, got 3"):
+        bl.while_loop(fns["cond_fun"], fns["body_fun"], INIT, max_steps=3)
+    with pytest.raises(TypeError, match="`f` to be callable"):
+        bl.scan(3, INIT, length=2)
 
 
 def test_body_changes_structure():

@@ -22,10 +22,14 @@ def body(carry):
     return jnp.sin(x) * 1.1 + 0.2, i + 1
 
 
-def loop(x, n, max_steps=MAX_STEPS):
+def loop(x, n, max_steps=MAX_STEPS, checkpoints=2):
     """Takes `min(n, max_steps)` steps; runs out of steps when `n > max_steps`."""
     return bl.while_loop(
-        lambda c: c[1] < n, body, (x, jnp.array(0)), max_steps=max_steps, checkpoints=2
+        lambda c: c[1] < n,
+        body,
+        (x, jnp.array(0)),
+        max_steps=max_steps,
+        checkpoints=checkpoints,
     )
 
 
@@ -43,8 +47,7 @@ def compiled(kind: str, checked: bool):
         "vmap_grad": jax.vmap(jax.grad(loss)),
     }[kind]
     with bl.max_steps_check(checked):
-        # trace and compile now, under the setting. A fresh function each time: JAX
-        # caches traces by function, and the setting is not part of that key.
+        # trace and compile now, under the setting
         return jax.jit(lambda *args: fn(*args)).lower(*ARGS[kind]).compile()
 
 
@@ -105,16 +108,36 @@ def test_silent_when_off():
             loop(X, jnp.array(50))
 
 
-def test_setting_is_read_at_trace_time():
+def test_setting_keys_the_trace_cache():
+    """The switch is part of JAX's cache key: a function traced on one side of the
+    block is traced again on the other, never silently reused."""
     f = jax.jit(lambda x, n: loop(x, n))
     with bl.max_steps_check():
         f(X, jnp.array(2))  # traced (and compiled) with the check
-    with pytest.raises(Exception, match=MESSAGE):
-        jax.block_until_ready(f(X, jnp.array(50)))  # outside the block: still checked
+    assert int(f(X, jnp.array(50))[1]) == MAX_STEPS  # outside the block: unchecked
     g = jax.jit(lambda x, n: loop(x, n))
     g(X, jnp.array(2))  # traced without the check
     with bl.max_steps_check():
-        assert int(g(X, jnp.array(50))[1]) == MAX_STEPS  # inside: still unchecked
+        with pytest.raises(Exception, match=MESSAGE):
+            jax.block_until_ready(g(X, jnp.array(50)))  # inside: checked
+
+
+@pytest.mark.parametrize("checkpoints", [2, 16])
+def test_fires_under_jit_grad_of_a_linear_loss(checkpoints):
+    """The loss is linear in the final carry, so the backward pass never reads the
+    forward's outputs: the check must travel with what it does read."""
+
+    def linear(x, n):
+        return jnp.sum(loop(x, n, checkpoints=checkpoints)[0])
+
+    with bl.max_steps_check():
+        f = jax.jit(jax.grad(linear))
+        f(X, jnp.array(2))
+        with pytest.raises(Exception, match=MESSAGE):
+            jax.block_until_ready(f(X, jnp.array(50)))
+        h = jax.jit(lambda x, n: jax.jvp(lambda x: linear(x, n), (x,), (x,))[1])
+        with pytest.raises(Exception, match=MESSAGE):
+            jax.block_until_ready(h(X, jnp.array(50)))
 
 
 def test_vmap_one_element_running_out_raises():
