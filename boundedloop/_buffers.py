@@ -162,6 +162,19 @@ class Buffer:
     __array__ = __jax_array__
 
 
+def _not_an_array(self, *args):
+    del args
+    self.__jax_array__()
+
+
+for _op in (
+    "add sub mul truediv floordiv mod pow matmul and or xor lt le gt ge".split()
+):
+    setattr(Buffer, f"__{_op}__", _not_an_array)
+    setattr(Buffer, f"__r{_op}__", _not_an_array)
+Buffer.__neg__ = Buffer.__abs__ = Buffer.__iter__ = _not_an_array
+
+
 _WHAT_A_BUFFER_DOES = (
     "Inside the loop a buffer supports `buf[idx]`, `buf.at[idx].set(x)`, "
     "`buf.at[idx].set(x, pred=p)`, `buf.at[idx].get()`, `.shape`, `.dtype` and "

@@ -1,0 +1,192 @@
+"""Buffers take any basic index: integers, static slices and `...`, in reads and
+writes, against the same body on an ordinary array in a `lax.scan`."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+
+import boundedloop as bl
+
+from .helpers import tree_allclose
+
+
+SHAPE = (6, 5, 4)
+TRIPS = 4  # steps i = 1 .. 4 while `i < 5`
+
+
+def _masked_whole(b, i):
+    # reads everything, uses only the rows written so far (as a Runge-Kutta stage
+    # loop does with its stage buffer: later rows are multiplied by zero)
+    rows = jnp.arange(SHAPE[0])[:, None, None]
+    return jnp.where(rows < i, b[...], 0.0)
+
+
+# name: (read, write); each works on a `bl.Buffer` and on an ordinary array alike
+CASES = {
+    "row_then_tail": (
+        lambda b, i: b[i - 1, 1:],
+        lambda b, i, v: b.at[i, :, 1:].set(v[:3]).at[i, :, 0].set(v[3]),
+    ),
+    "two_ints": (lambda b, i: b[i - 1, 2], lambda b, i, v: b.at[i, 2].set(v)),
+    "whole": (_masked_whole, lambda b, i, v: b.at[i].set(v[0])),
+    "ellipsis": (lambda b, i: b[..., 1], lambda b, i, v: b.at[i, 1:3, ::2].set(v[:2])),
+    "negative_step": (
+        lambda b, i: b[i - 1, ::-2],
+        lambda b, i, v: b.at[i, 4:0:-2, 1].set(v[:2]),
+    ),
+    "negative_int": (lambda b, i: b[-1, 0], lambda b, i, v: b.at[i].set(v[0])),
+    "read_back_part": (
+        lambda b, i: b[i - 1, :2],
+        lambda b, i, v: b.at[i, 1].set(v),
+    ),
+}
+
+
+def make_body(name):
+    read, write = CASES[name]
+
+    def body(carry):
+        v, buf, i = carry
+        v = jnp.tanh(v * 1.1 + 0.1 * jnp.sum(read(buf, i)))
+        buf = write(buf, i, v)
+        # read back part of what this step wrote: its cotangent goes to the write
+        v = v + 0.5 * jnp.sum(buf[i, 1, :2])
+        return v, buf, i + 1
+
+    return body
+
+
+def init(x):
+    return x, jnp.zeros(SHAPE).at[0].set(0.5), jnp.array(1)
+
+
+def loss(out):
+    return jnp.sum(out[0]) + jnp.sum(jnp.sin(out[1]))
+
+
+@functools.cache
+def ours(name, checkpoints):
+    def f(x):
+        out = bl.while_loop(
+            lambda c: c[2] < 5,
+            make_body(name),
+            init(x),
+            max_steps=SHAPE[0],
+            checkpoints=checkpoints,
+            buffers=lambda c: c[1],
+        )
+        return loss(out)
+
+    return jax.jit(jax.value_and_grad(f))
+
+
+def reference(name, x):
+    body = make_body(name)
+    out, _ = lax.scan(lambda c, _: (body(c), None), init(x), length=TRIPS)
+    return loss(out)
+
+
+X = jnp.array([0.3, -0.5, 0.9, 0.2])
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("checkpoints", [1, 2, 6])
+def test_values_and_gradients_match_scan(name, checkpoints):
+    expected = jax.value_and_grad(functools.partial(reference, name))(X)
+    assert tree_allclose(ours(name, checkpoints)(X), expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["row_then_tail", "negative_step"])
+def test_forward_mode_and_vmap(name):
+    def f(x):
+        out = bl.while_loop(
+            lambda c: c[2] < 5,
+            make_body(name),
+            init(x),
+            max_steps=SHAPE[0],
+            buffers=lambda c: c[1],
+        )
+        return loss(out)
+
+    ref = functools.partial(reference, name)
+    assert tree_allclose(jax.jvp(f, (X,), (X,)), jax.jvp(ref, (X,), (X,)), rtol=1e-5)
+    xs = jnp.stack([X, -X])
+    assert tree_allclose(
+        jax.vmap(jax.grad(f))(xs), jax.vmap(jax.grad(ref))(xs), rtol=1e-5
+    )
+
+
+def _checked(write, read=lambda b, i: 0.0):
+    def body(carry):
+        v, buf, i = carry
+        buf = write(buf, i, v)
+        return v + jnp.sum(read(buf, i)), buf, i + 1
+
+    def f(x):
+        return bl.while_loop(
+            lambda c: c[2] < 3,
+            body,
+            (x, jnp.zeros((4, 4)), jnp.array(0)),
+            max_steps=4,
+            buffers=lambda c: c[1],
+        )
+
+    return f
+
+
+def test_buffer_checks_cover_slices():
+    fine = _checked(
+        lambda b, i, v: b.at[i, :2].set(v).at[i, 2:].set(v),
+        read=lambda b, i: b[i, 1:3],
+    )
+    overlap = _checked(lambda b, i, v: b.at[i, :3].set(v).at[i, 2:].set(v))
+    unwritten = _checked(
+        lambda b, i, v: b.at[i, :2].set(v), read=lambda b, i: b[i, 1:3]
+    )
+    x = jnp.array(0.5)
+    with bl.buffer_checks():
+        bl.filter_jit(fine)(x)
+        with pytest.raises(Exception, match="written twice"):
+            bl.filter_jit(overlap)(x)
+        # under plain `jax.jit` the message is in the runtime error's text too
+        with pytest.raises(Exception, match="has not been written"):
+            jax.block_until_ready(jax.jit(unwritten)(x))
+
+
+def test_buffer_checks_key_the_trace_cache():
+    overlap = jax.jit(_checked(lambda b, i, v: b.at[i, :3].set(v).at[i, 2:].set(v)))
+    overlap(jnp.array(0.5))  # traced without the checks
+    with bl.buffer_checks():
+        with pytest.raises(Exception, match="written twice"):
+            jax.block_until_ready(overlap(jnp.array(0.5)))
+
+
+@pytest.mark.parametrize(
+    "misuse, message",
+    [
+        (lambda b, i: b.at[i].add(1.0), r"`buf.at\[...\].add` is not supported"),
+        (lambda b, i: b + 1.0, "not an array"),
+        (lambda b, i: b.sum(), "has no `sum`"),
+        (lambda b, i: b[i : i + 2], "static"),
+        (lambda b, i: b[None], "`None`"),
+        (lambda b, i: b[..., ...], "at most one `...`"),
+        (lambda b, i: b[jnp.array([0, 1])], "scalar integers"),
+    ],
+)
+def test_unsupported_operations_say_what_a_buffer_supports(misuse, message):
+    def body(carry):
+        v, buf, i = carry
+        misuse(buf, i)
+        return v, buf, i + 1
+
+    with pytest.raises((TypeError, AttributeError, IndexError), match=message):
+        bl.while_loop(
+            lambda c: c[2] < 3,
+            body,
+            (jnp.array(0.5), jnp.zeros((4, 4)), jnp.array(0)),
+            max_steps=4,
+            buffers=lambda c: c[1],
+        )
