@@ -23,9 +23,10 @@ import jax
 import jax.tree_util as jtu
 
 from ._forward_sweeps import checkpointed_sweep, plain_sweep
+from ._perturbation import has_tangent, Perturbed, perturbed_leaves
 from ._reverse_sweep import reverse_sweep
 from ._shard_map import vary_everywhere
-from ._step import float_part, is_float, ReversibleStep
+from ._step import ReversibleStep
 from ._tangent import forward_only, loop_tangent, replay_tangent
 from ._trace import Layout, TracedLoop
 
@@ -80,24 +81,32 @@ def _loop_jvp(primals, tangents):
     if not t_in:  # only the predicate's arrays are perturbed
         out = plain_sweep(loop, config)
         return out, jtu.tree_map(lambda _: None, out)
+    t_body, t_init, t_bufs = t_diff
+    perturbed = perturbed_leaves(
+        loop.body,
+        has_tangent(t_body),
+        Perturbed(tuple(has_tangent(t_init)), tuple(has_tangent(t_bufs))),
+        config.layout,
+    )
     out, tape = checkpointed_sweep(loop, config)
-    out_floating = [is_float(o) for o in jtu.tree_leaves(out)]
+    # only perturbed leaves get tangents (see `_perturbation`)
+    out_perturbed = list(perturbed.x + perturbed.bufs)
     out_def = jtu.tree_structure(out)
     residuals = _Residuals(loop, tape)
 
     def jvp_fn(res_leaves, t_in):
         body, x, tape = residuals.unpack(res_leaves)
         t_out = replay_tangent((body, x, tape), wanted, t_in, config.layout)
-        return [t for t, f in zip(jtu.tree_leaves(t_out), out_floating) if f]
+        return [t for t, f in zip(jtu.tree_leaves(t_out), out_perturbed) if f]
 
     def vjp_fn(res_leaves, cts):
         body, _, tape = residuals.unpack(res_leaves)
         cts = iter(cts)
         ct_x, ct_bufs = jtu.tree_unflatten(
-            out_def, [next(cts) if f else None for f in out_floating]
+            out_def, [next(cts) if f else None for f in out_perturbed]
         )
-        step = ReversibleStep(body, config.layout, wanted[0])
-        ct_in = reverse_sweep(step, tape, float_part(ct_x), float_part(ct_bufs), config)
+        step = ReversibleStep(body, config.layout, wanted[0], perturbed)
+        ct_in = reverse_sweep(step, tape, ct_x, ct_bufs, config)
         return _pick(wanted, forward_only(ct_in))
 
     t_out = loop_tangent(
@@ -105,10 +114,12 @@ def _loop_jvp(primals, tangents):
         t_in,
         jvp_fn=jvp_fn,
         vjp_fn=vjp_fn,
-        out_avals=[jax.typeof(o) for o in jtu.tree_leaves(out) if is_float(o)],
+        out_avals=[
+            jax.typeof(o) for o, p in zip(jtu.tree_leaves(out), out_perturbed) if p
+        ],
         loop_effects=frozenset(loop.body.jaxpr.effects),
     )
     t_out = iter(t_out)
     return out, jtu.tree_unflatten(
-        out_def, [next(t_out) if f else None for f in out_floating]
+        out_def, [next(t_out) if f else None for f in out_perturbed]
     )

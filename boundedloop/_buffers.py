@@ -167,9 +167,7 @@ def _not_an_array(self, *args):
     self.__jax_array__()
 
 
-for _op in (
-    "add sub mul truediv floordiv mod pow matmul and or xor lt le gt ge".split()
-):
+for _op in "add sub mul truediv floordiv mod pow matmul and or xor lt le gt ge".split():
     setattr(Buffer, f"__{_op}__", _not_an_array)
     setattr(Buffer, f"__r{_op}__", _not_an_array)
 Buffer.__neg__ = Buffer.__abs__ = Buffer.__iter__ = _not_an_array

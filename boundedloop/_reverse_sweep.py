@@ -47,8 +47,14 @@ if TYPE_CHECKING:
     from ._autodiff import LoopConfig
 
 
+SPLIT_SLOTS = 256
+
+
 def split_rule(slots: int, max_length: int) -> Callable:
     """`split(length, k)` in-graph: as `_schedule.revolve_split`, from a table."""
+    # the table is a constant of the program: past `SPLIT_SLOTS` slots the split is
+    # planned as if there were `SPLIT_SLOTS` (a valid schedule, using fewer slots)
+    slots = min(slots, SPLIT_SLOTS)
     table = binomial_table(slots, max_length)
     table = jnp.asarray(np.minimum(table, np.iinfo(np.int32).max), jnp.int32)
     last = table.shape[1] - 1

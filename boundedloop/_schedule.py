@@ -68,10 +68,12 @@ def binomial_table(max_slots: int, max_length: int) -> np.ndarray:
     width = 2
     while math.comb(2 + width - 1, 2) < max_length:
         width *= 2
-    rows = []
-    for k in range(max_slots + 3):
-        rows.append([min(math.comb(k + r, k), INT32_MAX) for r in range(width)])
-    return np.asarray(rows, dtype=np.int64)
+    # Pascal's rule along each row: C(k + r, k) = sum over j <= r of C(k - 1 + j, j),
+    # clipped as it goes (a clipped entry stays clipped: the rows increase)
+    rows = [np.ones(width, dtype=np.int64)]
+    for _ in range(max_slots + 2):
+        rows.append(np.minimum(np.cumsum(rows[-1]), INT32_MAX))
+    return np.stack(rows)
 
 
 def repetitions(length: int, slots: int) -> int:
@@ -196,13 +198,30 @@ class _Options(NamedTuple):
     newest_kept_from: int  # ... or stands in for one once `t` passes this
 
 
+class _CostTable:
+    """`revolve_cost` for `1 <= k <= slots + 1` slots, as `table(k, lengths)`,
+    computed as far as the longest length asked for (doubling): segments stay far
+    shorter than the horizon when there are many slots."""
+
+    def __init__(self, slots: int):
+        self.slots = slots
+        self.table = np.zeros((slots + 2, 1))
+
+    def __call__(self, k, lengths):
+        need = int(np.max(lengths, initial=0))
+        if need >= self.table.shape[1]:
+            width = max(need + 1, 2 * self.table.shape[1], 1024)
+            self.table = _cost_table(self.slots, width - 1)
+        return self.table[k, lengths]
+
+
 def _store_options(positions, costs, slots: int, target: _Target, horizon: int):
     seg_slots = slots - np.arange(slots - 1)  # segment j has slots - j slots
     merge_slots = seg_slots[:-1]  # [p_{s-1}, p_{s+1}) takes segment s - 1's slots
     last, before_last = int(positions[-1]), int(positions[-2])
     # complete segments j = 0 .. slots - 2, with j's own slot count
     lengths = positions[1:] - positions[:-1]
-    seg = costs[seg_slots, lengths]
+    seg = costs(seg_slots, lengths)
     base = float(seg.sum())
     # other[s]: the cost of storing x_t in place of positions[s], 0 < s < slots - 1,
     # without the old tail's: segments s - 1 and s merge, later complete ones gain
@@ -210,8 +229,8 @@ def _store_options(positions, costs, slots: int, target: _Target, horizon: int):
     # [t, t + 1) costs nothing
     other = np.full(slots, math.inf)
     if slots > 2:
-        gain = np.cumsum((costs[seg_slots + 1, lengths] - seg)[::-1])[::-1]
-        merged = costs[merge_slots, positions[2:] - positions[:-2]]
+        gain = np.cumsum((costs(seg_slots + 1, lengths) - seg)[::-1])[::-1]
+        merged = costs(merge_slots, positions[2:] - positions[:-2])
         other[1:-1] = merged - seg[:-1] - seg[1:]
         other[1:-2] += gain[2:]
     s_all = int(np.argmin(other))
@@ -305,8 +324,9 @@ def online_actions(slots: int, horizon: int) -> tuple[np.ndarray, np.ndarray]:
         return np.arange(1, horizon, dtype=np.int64), np.arange(
             1, horizon, dtype=np.int64
         )
-    costs = _cost_table(slots, horizon)
-    two_slots = costs[2].tolist()
+    costs = _CostTable(slots)
+    lengths = np.arange(horizon + 1)
+    two_slots = _vector_revolve_cost(lengths, 2, binomial_table(2, horizon)).tolist()
     # the first steps fill the free slots
     fill = min(slots, horizon)
     steps, slot_ids = list(range(1, fill)), list(range(1, fill))

@@ -7,17 +7,8 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 
 from ._indexing import get, put
+from ._perturbation import Perturbed
 from ._trace import Layout, StepIn
-
-
-def is_float(x) -> bool:
-    """Leaves that get cotangents. Inside a custom VJP a weakly typed Python float
-    the body closed over may arrive as a bare `float`, so count those too."""
-    return eqx.is_inexact_array(x) or isinstance(x, float | complex)
-
-
-def float_part(tree):
-    return eqx.filter(tree, is_float)
 
 
 def advance(body, layout: Layout, x, bufs, active, written=None):
@@ -37,16 +28,17 @@ class ReversibleStep:
     - `wanted`: bools shaped like `body`: which of its leaves get cotangents.
         Leaving the rest out matters: a weight matrix nobody asked about would
         otherwise get a full-size cotangent every step.
+    - `perturbed`: the carry leaves that get cotangents (see `_perturbation`).
     """
 
-    def __init__(self, body, layout: Layout, wanted):
+    def __init__(self, body, layout: Layout, wanted, perturbed: Perturbed):
         self.body = body
         self.layout = layout
+        self.perturbed = perturbed
         self.diff_body, self.static_body = eqx.partition(body, wanted)
+        # reads of perturbed buffers, whose values have cotangents
         self.float_reads = [
-            k
-            for k, r in enumerate(layout.read_shapes)
-            if jnp.issubdtype(r.dtype, jnp.inexact)
+            k for k, leaf in enumerate(layout.read_leaves) if perturbed.bufs[leaf]
         ]
 
     def forward(self, x, bufs, active):
@@ -64,7 +56,7 @@ class ReversibleStep:
         wrote (those values did not exist before) and added to where it read. They
         are returned rather than applied so that the caller can apply them outside
         any `lax.cond`, keeping the buffer-sized cotangents in place."""
-        diff_x, static_x = eqx.partition(x, is_float)
+        diff_x, static_x = eqx.partition(x, self.perturbed.x)
         stand_ins = self.layout.read_stand_ins()
 
         def f(diff_body, diff_x, float_stand_ins):
@@ -80,9 +72,12 @@ class ReversibleStep:
                 None,
             )
             out = body(step)
-            values = tuple(v if is_float(v) else None for v, _, _ in out.writes)
+            values = tuple(
+                v if self.perturbed.bufs[leaf] else None
+                for leaf, (v, _, _) in zip(self.layout.write_leaves, out.writes)
+            )
             aux = tuple((i, p) for _, i, p in out.writes), out.reads
-            return (eqx.filter(out.x, is_float), values), aux
+            return (eqx.filter(out.x, self.perturbed.x), values), aux
 
         float_stand_ins = tuple(stand_ins[k] for k in self.float_reads)
         _, vjp_fn, (writes, reads) = jax.vjp(

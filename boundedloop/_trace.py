@@ -18,6 +18,7 @@ import numpy as np
 from ._buffers import Buffer, find_buffers, StepTrace
 from ._checks import buffer_checks_enabled
 from ._closure import closure_convert
+from ._dtypes import is_weak, promote_weak_inputs, strong, weak
 from ._errors import check_carry_match, check_predicate
 
 
@@ -28,40 +29,20 @@ def is_carried(x) -> bool:
     )
 
 
-def _as_array(x, dtype=None):
-    # strongly typed, as every carry component is inside the compiled loop
-    x = jnp.asarray(x, dtype=dtype)
-    return jax.lax.convert_element_type(x, x.dtype) if dtype is None else x
-
-
-def _weak(x) -> bool:
-    return isinstance(x, bool | int | float | complex) or getattr(x, "weak_type", False)
-
-
-def _adopt_output_dtype(a, b):
-    """`lax.while_loop`'s rule: a weakly typed initial value takes the body's dtype."""
-    if (
-        is_carried(a)
-        and isinstance(b, jax.ShapeDtypeStruct)
-        and _weak(a)
-        and jnp.shape(a) == b.shape
-        and jnp.promote_types(jnp.result_type(a), b.dtype) == b.dtype
-    ):
-        return _as_array(a, b.dtype)
-    return a
-
-
 def _returns_weak_scalars_cast(out, like):
     """Cast weakly typed outputs (e.g. a bare Python `0.0`) to the carry's dtype when
     that loses nothing, as `lax` promotion would."""
 
     def cast(o, x):
-        if x is None or not is_carried_shape(o) or not _weak(o):
+        if x is None or not is_carried_shape(o) or not is_weak(o):
             return o
         if jnp.shape(o) != x.shape:
             return o
-        if jnp.promote_types(x.dtype, jnp.result_type(o)) != x.dtype:
-            return o
+        try:
+            if jnp.promote_types(x.dtype, jnp.result_type(o)) != x.dtype:
+                return o
+        except jax.dtypes.TypePromotionError:
+            return o  # the carry check names the leaf
         if isinstance(o, jax.ShapeDtypeStruct):
             return jax.ShapeDtypeStruct(o.shape, x.dtype)
         return jnp.asarray(o, dtype=x.dtype)
@@ -110,8 +91,12 @@ class TracedLoop(eqx.Module):
         return self.body, self.init, self.bufs
 
     def finish(self, x, bufs):
-        """The user-facing carry from the loop's arrays."""
-        return self.layout.rebuild(x, bufs)
+        """The user-facing carry from the loop's arrays, weakly typed where
+        `lax.while_loop`'s would be (see `_dtypes`)."""
+        layout = self.layout
+        leaves = layout.merge(x, bufs)
+        leaves = [weak(v) if w else v for v, w in zip(leaves, layout.weak_out)]
+        return layout.rebuild(*layout.split(leaves))
 
 
 class Layout(eqx.Module):
@@ -124,6 +109,7 @@ class Layout(eqx.Module):
     read_leaves: tuple[int, ...] = eqx.field(static=True)  # buffer read, per read
     write_leaves: tuple[int, ...] = eqx.field(static=True)  # buffer written, per write
     mask_shapes: tuple = eqx.field(static=True)  # per buffer, for the checks
+    weak_out: tuple[bool, ...] = eqx.field(static=True, default=())  # per leaf
 
     def split(self, leaves):
         x = tuple(v for k, v in enumerate(leaves) if k not in self.buffer_pos)
@@ -187,23 +173,32 @@ def _generic_body(body_fun, layout: Layout, like, name: str):
 def trace_loop(cond_fun, body_fun, init_val, buffers_fn, name: str) -> TracedLoop:
     """Check and closure-convert `cond_fun` and `body_fun` against `init_val`."""
     dynamic, static = eqx.partition(init_val, is_carried)
-    dynamic = jtu.tree_map(_as_array, dynamic)
+    dynamic = jtu.tree_map(jnp.asarray, dynamic)  # Python numbers: weakly typed
     buffer_pos = (
         () if buffers_fn is None else find_buffers(buffers_fn, dynamic, static, name)
     )
-    if not buffer_pos:
-        dynamic = _adopt_body_dtypes(body_fun, init_val, dynamic, static)
     leaves, treedef = jtu.tree_flatten(dynamic)
-    like = eqx.combine(
-        jtu.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), dynamic), static
-    )
     layout = Layout(treedef, static, buffer_pos, (), (), (), ())
     x0, bufs0 = layout.split(leaves)
     out, access = _shape_and_static(_buffer_access(body_fun, layout), x0, bufs0)
+    if jtu.tree_structure(out) == jtu.tree_structure(init_val):
+        # `lax.while_loop`'s rule for weakly typed initial values, then trace again
+        promoted, changed = promote_weak_inputs(x0, layout.split(_out_avals(out))[0])
+        x0 = tuple(promoted)
+        if changed:
+            out, access = _shape_and_static(_buffer_access(body_fun, layout), x0, bufs0)
+    leaves = layout.merge(x0, bufs0)
+    like = eqx.combine(
+        jtu.tree_unflatten(
+            treedef, [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in leaves]
+        ),
+        static,
+    )
+    weak_out = tuple(is_weak(o) for o in _out_avals(out))
     if jtu.tree_structure(out) == jtu.tree_structure(like):
         out = _returns_weak_scalars_cast(out, like)
     check_carry_match(like, out, name)
-    layout = Layout(treedef, static, buffer_pos, *access)
+    layout = Layout(treedef, static, buffer_pos, *access, weak_out)
 
     def cond_dynamic(x, bufs):
         return cond_fun(layout.rebuild(x, bufs))
@@ -211,7 +206,8 @@ def trace_loop(cond_fun, body_fun, init_val, buffers_fn, name: str) -> TracedLoo
     check_predicate(eqx.filter_eval_shape(cond_dynamic, x0, bufs0), name)
     generic = _generic_body(body_fun, layout, like, name)
     true = jnp.array(True)
-    example = StepIn(x0, bufs0, layout.read_stand_ins(), true, None)
+    # traced with lax's (weak) carry types, run on strongly typed arrays
+    example = StepIn(tuple(x0), tuple(bufs0), layout.read_stand_ins(), true, None)
     body = closure_convert(generic, example)
     checked = None
     if buffer_pos and buffer_checks_enabled():
@@ -220,27 +216,22 @@ def trace_loop(cond_fun, body_fun, init_val, buffers_fn, name: str) -> TracedLoo
             generic, example._replace(written=(masks, (true, true)))
         )
     cond = closure_convert(cond_dynamic, x0, bufs0)
-    return TracedLoop(body, cond, checked, tuple(x0), tuple(bufs0), layout)
-
-
-def _adopt_body_dtypes(body_fun, init_val, dynamic, static):
-    """`dynamic` with weakly typed leaves cast to the dtype the body returns there."""
-
-    def plain_body(d):
-        return body_fun(eqx.combine(d, static))
-
-    out = eqx.filter_eval_shape(plain_body, dynamic)
-    if jtu.tree_structure(out) != jtu.tree_structure(init_val):
-        return dynamic  # `check_carry_match` reports it
-    out_dynamic = eqx.filter(out, is_carried_shape)
-    adopted = jtu.tree_map(
-        _adopt_output_dtype, dynamic, out_dynamic, is_leaf=lambda v: v is None
+    init = tuple(strong(v) for v in x0)
+    return TracedLoop(
+        body, cond, checked, init, tuple(strong(v) for v in bufs0), layout
     )
-    changed = any(
-        a.dtype != b.dtype
-        for a, b in zip(jtu.tree_leaves(adopted), jtu.tree_leaves(dynamic))
-    )
-    return adopted if changed else dynamic
+
+
+def _out_avals(out) -> list:
+    """The carried leaves of the body's (abstract) output, Python numbers as weakly
+    typed avals."""
+    leaves = jtu.tree_leaves(eqx.filter(out, is_carried_shape))
+    return [
+        v
+        if isinstance(v, jax.ShapeDtypeStruct)
+        else jax.ShapeDtypeStruct((), jnp.result_type(v), weak_type=True)
+        for v in leaves
+    ]
 
 
 def _buffer_access(body_fun, layout: "Layout"):

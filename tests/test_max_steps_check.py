@@ -60,14 +60,14 @@ ARGS = {
 }
 
 
-
-
 def test_off_by_default_and_free():
     # hitting max_steps is silent without the check ...
     out = jax.jit(lambda x, n: loop(x, n))(X, jnp.array(50))
     assert int(out[1]) == MAX_STEPS
     # ... and the program has no error check in it
-    off = primitive_names(jax.make_jaxpr(lambda x, n: loop(x, n))(X, jnp.array(50)).jaxpr)
+    off = primitive_names(
+        jax.make_jaxpr(lambda x, n: loop(x, n))(X, jnp.array(50)).jaxpr
+    )
     with bl.max_steps_check():
         on = primitive_names(
             jax.make_jaxpr(lambda x, n: loop(x, n))(X, jnp.array(50)).jaxpr

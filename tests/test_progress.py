@@ -132,8 +132,6 @@ def test_scan():
     assert bar.total == 10 and bar.seen == [4, 8, 10]
 
 
-
-
 @pytest.mark.parametrize("kind", ["forward", "grad"])
 def test_compiled_out_when_off(kind):
     fn = {

@@ -1,0 +1,76 @@
+"""Which carry leaves a differentiated loop perturbs: a fixed point over the body.
+
+A carry leaf is perturbed if its initial value has a tangent, or if the body makes
+it depend on a perturbed leaf or on a perturbed array the body closes over. Only
+perturbed leaves get tangents and cotangents, as with `lax.while_loop`'s JVP: a time
+variable or a step-size controller that does not depend on what is differentiated
+(and that a client may guard with `lax.stop_gradient` or
+`equinox.internal.nondifferentiable`) is never given one, and the reverse sweep does
+no work for it.
+
+Dependence is read off the body's JVP with symbolic zeros (`ad.jvp_jaxpr`, as
+`lax.while_loop` does), so `stop_gradient` and custom JVP rules are respected.
+"""
+
+from typing import NamedTuple
+
+import jax.extend.core
+import jax.numpy as jnp
+import jax.tree_util as jtu
+from jax._src.interpreters import ad, partial_eval as pe
+
+from ._closure import ClosureConverted
+from ._trace import Layout
+
+
+class Perturbed(NamedTuple):
+    """Per carry leaf, whether it is perturbed."""
+
+    x: tuple[bool, ...]
+    bufs: tuple[bool, ...]
+
+
+def _floating(v) -> bool:
+    return jnp.issubdtype(v.dtype, jnp.inexact)
+
+
+def perturbed_leaves(
+    body: ClosureConverted, consts: list[bool], initial: Perturbed, layout: Layout
+) -> Perturbed:
+    """The fixed point: perturbed leaves, from those perturbed initially.
+
+    **Arguments:**
+
+    - `body`: the traced body (`StepIn -> StepOut`).
+    - `consts`: per array the body closes over, whether it is perturbed.
+    - `initial`: the leaves whose initial values are perturbed.
+    - `layout`: the carry's `Layout`.
+    """
+    jaxpr = pe.convert_constvars_jaxpr(body.jaxpr)
+    closed = jax.extend.core.ClosedJaxpr(jaxpr, ())
+    in_avals = [v.aval for v in jaxpr.invars]
+    n_consts, n_x, n_bufs = len(consts), len(initial.x), len(initial.bufs)
+    x_avals = in_avals[n_consts : n_consts + n_x]
+    buf_avals = in_avals[n_consts + n_x : n_consts + n_x + n_bufs]
+    x = [p and _floating(a) for p, a in zip(initial.x, x_avals)]
+    bufs = [p and _floating(a) for p, a in zip(initial.bufs, buf_avals)]
+    n_rest = len(in_avals) - n_consts - n_x - n_bufs - len(layout.read_leaves)
+    while True:
+        reads = [bufs[leaf] for leaf in layout.read_leaves]
+        nonzeros = list(consts) + x + bufs + reads + [False] * n_rest
+        _, out = ad.jvp_jaxpr(closed, nonzeros, instantiate=False)
+        new_x = [a or (b and _floating(v)) for a, b, v in zip(x, out, x_avals)]
+        out_bufs = out[n_x : n_x + n_bufs]
+        new_bufs = [
+            a or (b and _floating(v)) for a, b, v in zip(bufs, out_bufs, buf_avals)
+        ]
+        if new_x == x and new_bufs == bufs:
+            return Perturbed(tuple(x), tuple(bufs))
+        x, bufs = new_x, new_bufs
+
+
+def has_tangent(tangents) -> list[bool]:
+    """Per leaf of a tangent tree (`None` for a symbolic zero), whether it has one."""
+    return [
+        t is not None for t in jtu.tree_leaves(tangents, is_leaf=lambda t: t is None)
+    ]

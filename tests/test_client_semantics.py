@@ -1,0 +1,193 @@
+"""What a client such as diffrax relies on: `lax.while_loop`'s dtypes and weak types,
+a loop with no bound and no choices made, and the edges of the arguments."""
+
+import equinox.internal as eqxi
+import jax
+import jax.extend.core
+import jax.numpy as jnp
+import pytest
+from jax import lax
+
+import boundedloop as bl
+
+from .helpers import python_while, scan_loop, tree_allclose
+
+
+# (initial carry, body): lax decides dtype and weak type of each result leaf
+WEAK_TYPE_CASES = {
+    "python_int_and_float": ((0, 1.0), lambda c: (c[0] + 1, c[1] * 2)),
+    "python_complex": (1j, lambda c: c * 2),
+    "float16_body": (1.0, lambda c: c * jnp.float16(2)),
+    "bfloat16_body": (1.0, lambda c: c * jnp.bfloat16(2)),
+    "int_promoted_to_float": (0, lambda c: c + 0.5),
+    "weak_in_strong_out": (0, lambda c: c + jnp.int32(1)),
+    "strong_in_weak_out": (jnp.int32(0), lambda c: 1),
+    "weak_array_kept": ((jnp.array(0), 2), lambda c: (c[0] + 1, c[1] - 1)),
+    "mixed_with_array": (
+        (jnp.zeros(2), 0, 0.5),
+        lambda c: (c[0] + c[2], c[1] + 1, c[2] * 0.5),
+    ),
+}
+
+
+def _ours(init, body, max_steps=3):
+    return bl.while_loop(lambda c: False, body, init, max_steps=max_steps)
+
+
+@pytest.mark.parametrize("promotion", ["standard", "strict"])
+@pytest.mark.parametrize("name", sorted(WEAK_TYPE_CASES))
+def test_output_types_equal_lax(name, promotion):
+    init, body = WEAK_TYPE_CASES[name]
+    with jax.numpy_dtype_promotion(promotion):
+        expected = jax.eval_shape(lambda: lax.while_loop(lambda c: False, body, init))
+        for max_steps in [0, 3]:
+            got = jax.eval_shape(lambda: _ours(init, body, max_steps))
+            assert got == expected, (max_steps, got, expected)
+
+
+def test_weak_types_under_grad_vmap_and_values():
+    def run(loop, x):
+        def body(c):
+            n, t, y = c
+            return n + 1, t + 0.5, y * 0.9
+
+        return loop(lambda c: c[0] < 4, body, (0, 0.0, x))
+
+    def ours(cond, body, init):
+        return bl.while_loop(cond, body, init, max_steps=10, checkpoints=2)
+
+    x = jnp.array([1.0, 2.0])
+    got, expected = run(ours, x), run(lax.while_loop, x)
+    assert tree_allclose(got, expected)
+    assert [jax.typeof(v) for v in got] == [jax.typeof(v) for v in expected]
+    # the counter stays weakly typed, so strict promotion accepts this
+    with jax.numpy_dtype_promotion("strict"):
+        n = got[0] - 1 + jnp.int32(1)
+    assert int(n) == 4
+    g = jax.grad(lambda x: jnp.sum(run(ours, x)[2]))(x)
+    assert jnp.allclose(g, 0.9**4)
+    batched = jax.vmap(lambda x: run(ours, x))(jnp.stack([x, x]))
+    assert batched[0].tolist() == [4, 4]
+
+
+def _unbounded(x, limit):
+    def body(c):
+        y, i = c
+        return jnp.sin(y) * 1.2 + 0.1, i + 1
+
+    return bl.while_loop(lambda c: c[1] < limit, body, (x, 0), max_steps=None)
+
+
+def _reference(x, trips):
+    return scan_loop(lambda c: (jnp.sin(c[0]) * 1.2 + 0.1, c[1] + 1), (x, 0), trips)
+
+
+@pytest.mark.parametrize("limit", [0, 5, 40])
+def test_no_bound_and_no_checkpoints_just_works(limit):
+    x = jnp.array([0.3, -0.7])
+    loss = lambda f: lambda x: jnp.sum(f(x)[0] ** 2)  # noqa: E731
+    ours = loss(lambda x: _unbounded(x, limit))
+    ref = loss(lambda x: _reference(x, limit))
+    assert tree_allclose(_unbounded(x, limit), _reference(x, limit))
+    assert tree_allclose(jax.jit(jax.grad(ours))(x), jax.grad(ref)(x))
+    assert tree_allclose(jax.jvp(ours, (x,), (x,)), jax.jvp(ref, (x,), (x,)))
+    xs = jnp.stack([x, 2 * x])
+    assert tree_allclose(jax.vmap(jax.grad(ours))(xs), jax.vmap(jax.grad(ref))(xs))
+
+
+def test_max_steps_beyond_int32():
+    x = jnp.array(0.5)
+    got = jax.jit(lambda x: _bounded(x, 7, 2**40))(x)
+    expected, steps = python_while(
+        lambda c: c[1] < 7, lambda c: (jnp.cos(c[0]), c[1] + 1), (x, 0), None
+    )
+    assert steps == 7 and tree_allclose(got, expected)
+    assert jnp.allclose(
+        jax.grad(lambda x: _bounded(x, 7, 2**31)[0])(x),
+        jax.grad(
+            lambda x: scan_loop(lambda c: (jnp.cos(c[0]), c[1] + 1), (x, 0), 7)[0]
+        )(x),
+    )
+
+
+def _bounded(x, limit, max_steps, checkpoints=None):
+    return bl.while_loop(
+        lambda c: c[1] < limit,
+        lambda c: (jnp.cos(c[0]), c[1] + 1),
+        (x, 0),
+        max_steps=max_steps,
+        checkpoints=checkpoints,
+    )
+
+
+@pytest.mark.parametrize("max_steps", [64, None])
+@pytest.mark.parametrize("checkpoints", [1000, 10**6])
+def test_huge_checkpoint_counts_trace_promptly(max_steps, checkpoints):
+    x = jnp.array(0.5)
+    f = jax.jit(jax.grad(lambda x: _bounded(x, 9, max_steps, checkpoints)[0]))
+    ref = jax.grad(
+        lambda x: scan_loop(lambda c: (jnp.cos(c[0]), c[1] + 1), (x, 0), 9)[0]
+    )
+    assert jnp.allclose(f(x), ref(x))
+
+
+def _guarded_loop(y0, w, max_steps=50, checkpoints=3):
+    """A time variable and a step size that do not depend on `y0` or `w`, guarded
+    as diffrax guards them."""
+
+    def body(c):
+        t, y, dt, unrelated = c
+        y = y + eqxi.nondifferentiable(dt) * jnp.tanh(w * y)
+        t = eqxi.nondifferentiable(t) + dt
+        return t, y, dt * 1.01, unrelated * 0.5
+
+    init = (0.0, y0, 0.1, jnp.ones(1000))
+    cond = lambda c: c[0] < 1.0  # noqa: E731
+    if max_steps is None:  # the reference: a scan over the known trip count
+        n = int(python_while(cond, body, init, None)[1])
+        return lax.scan(lambda c, _: (body(c), None), init, length=n)[0]
+    return bl.while_loop(cond, body, init, max_steps=max_steps, checkpoints=checkpoints)
+
+
+def _guarded_loss(max_steps):
+    return lambda y0, w: jnp.sum(_guarded_loop(y0, w, max_steps)[1] ** 2)
+
+
+Y0, W_SCALAR = jnp.array([0.5, -0.3]), jnp.array(1.2)
+
+
+@pytest.mark.parametrize(
+    "transform",
+    [
+        lambda f: jax.grad(f, argnums=(0, 1))(Y0, W_SCALAR),
+        lambda f: jax.jvp(f, (Y0, W_SCALAR), (Y0, W_SCALAR)),
+        lambda f: jax.hessian(f)(Y0, W_SCALAR),
+        lambda f: jax.vmap(jax.grad(f), in_axes=(0, None))(
+            jnp.stack([Y0, -Y0]), W_SCALAR
+        ),
+    ],
+)
+def test_only_perturbed_leaves_are_differentiated(transform):
+    # `nondifferentiable` raises if its argument gets a tangent
+    assert tree_allclose(
+        transform(_guarded_loss(50)), transform(_guarded_loss(None)), rtol=1e-5
+    )
+
+
+def _while_carry_shapes(jaxpr, scope: str) -> list:
+    out = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "while" and scope in str(eqn.source_info.name_stack):
+            out += [tuple(v.aval.shape) for v in eqn.outvars]
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            out += _while_carry_shapes(sub, scope)
+    return out
+
+
+def test_reverse_sweep_carries_cotangents_of_perturbed_leaves_only():
+    grad = jax.grad(_guarded_loss(50), argnums=(0, 1))
+    shapes = _while_carry_shapes(jax.make_jaxpr(grad)(Y0, W_SCALAR).jaxpr, "reverse")
+    assert (2,) in shapes  # the cotangent of `y`
+    # `unrelated` is floating but not perturbed: only its checkpoints are carried
+    assert (1000,) not in shapes
+    assert (3, 1000) in shapes
