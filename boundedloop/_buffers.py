@@ -57,11 +57,14 @@ class Write:
 class StepTrace:
     """One evaluation of the body: the buffers' state and what it read and wrote."""
 
-    def __init__(self, arrays, dummies, active, written):
+    def __init__(self, arrays, dummies, active, written, shared=frozenset()):
         self.arrays = list(arrays)
         self.dummies = dummies
         self.active = active
         self.written = None if written is None else list(written)
+        # buffers this step hands to an inner loop: differentiated as whole arrays
+        # (see `hand_back`), so their reads and writes here are plain
+        self.shared = set(shared)
         # runtime rule violations seen in this step (only with the checks on)
         self.double_write = jnp.array(False)
         self.unwritten_read = jnp.array(False)
@@ -76,7 +79,7 @@ class StepTrace:
             done = jnp.all(get(self.written[leaf], index))
             unwritten = jnp.logical_and(self.active, ~done)
             self.unwritten_read = jnp.logical_or(self.unwritten_read, unwritten)
-        if self.dummies is None:
+        if self.dummies is None or leaf in self.shared:
             value = get(array, index)
         else:
             # the reverse sweep reads the final buffer: values this step wrote are
@@ -107,6 +110,11 @@ class StepTrace:
             self.double_write = jnp.logical_or(self.double_write, again)
             self.written[leaf] = put(mask, index, True, live)
         self.arrays[leaf] = put(array, index, value, live)
+
+    def hand_back(self, leaf: int, array):
+        """`array` is buffer `leaf` after an inner loop wrote into it."""
+        self.shared.add(leaf)
+        self.arrays[leaf] = array
 
 
 class Buffer:
@@ -208,6 +216,52 @@ class _BufferRef:
             f"`buf.at[...].{name}` is not supported: a buffer location is written "
             f"once, with `.set`. {_WHAT_A_BUFFER_DOES}"
         )
+
+
+def lend_buffers(init_val, buffers_fn):
+    """An inner loop's view of the outer loop's buffers in its initial carry.
+
+    **Returns:**
+
+    `(init_val, buffers_fn, lent)`: the carry with each outer `Buffer` replaced by
+    its current array, a `buffers` function that adds those leaves to the inner
+    loop's buffers, and `lent`, the `(path, Buffer)` pairs for `return_buffers`.
+    """
+    is_buffer = lambda v: isinstance(v, Buffer)  # noqa: E731
+    leaves = jtu.tree_flatten_with_path(init_val, is_leaf=is_buffer)[0]
+    lent = [(path, v) for path, v in leaves if is_buffer(v)]
+    if not lent:
+        return init_val, buffers_fn, lent
+    init_val = jtu.tree_map(
+        lambda v: v._array if is_buffer(v) else v, init_val, is_leaf=is_buffer
+    )
+    paths = {path for path, _ in lent}
+
+    def with_lent(carry):
+        own = () if buffers_fn is None else buffers_fn(carry)
+        picked = [
+            v for path, v in jtu.tree_flatten_with_path(carry)[0] if path in paths
+        ]
+        return own, picked
+
+    return init_val, with_lent, lent
+
+
+def return_buffers(out, lent):
+    """The inner loop's final carry, with the outer buffers it was lent handed back
+    to the outer loop's step (and the `Buffer` objects in their places)."""
+    if not lent:
+        return out
+    by_path = dict(lent)
+
+    def give_back(path, v):
+        buffer = by_path.get(path)
+        if buffer is None:
+            return v
+        buffer._trace.hand_back(buffer._leaf, v)
+        return buffer
+
+    return jtu.tree_map_with_path(give_back, out)
 
 
 class _Marker:

@@ -177,7 +177,7 @@ class _Sweep:
             # write instead of copying the whole cotangent every step. (Without
             # buffers it is left out: its operands would take memory of their own.)
             shapes = jax.eval_shape(reverse, state.ct, state.ct_body)[2]
-            no_updates = jtu.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+            no_updates = self.step.no_updates(shapes, state.ct_bufs)
             ct, ct_body, updates = lax.cond(
                 at.i == state.end - 1,
                 reverse,

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
+from ._buffers import lend_buffers, return_buffers
 from ._checks import buffer_checks
 from ._while_loop import run_loop
 
@@ -90,6 +91,8 @@ def scan(
     if not callable(f):
         raise TypeError(f"`{name}` needs `f` to be callable, got {f!r}.")
     n = _length(xs, length, name)
+    # an outer loop's buffers in the carry are buffers of this loop too
+    init, buffers, lent = lend_buffers(init, buffers)
     x_shape = jtu.tree_map(
         lambda x: jax.ShapeDtypeStruct(np.shape(x)[1:], jnp.result_type(x)), xs
     )
@@ -99,7 +102,7 @@ def scan(
     ys0 = jtu.tree_map(lambda y: jnp.zeros((n,) + y.shape, y.dtype), y_shape)
     xs_arrays = jtu.tree_map(jnp.asarray, xs)
     if n == 0:
-        return init, ys0
+        return return_buffers(init, lent), ys0
 
     def body(carry):
         c, xs_rows, ys_rows, i = carry
@@ -124,7 +127,7 @@ def scan(
             name=name,
             known_length=True,
         )
-    return final, ys
+    return return_buffers(final, lent), ys
 
 
 def fori_loop(

@@ -1,11 +1,14 @@
 """One step of the loop, forward and as a vector-Jacobian product, on split arrays:
 `x` (the ordinary carry leaves) and `bufs` (the buffers)."""
 
+from typing import NamedTuple
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
+from ._batching import select_if_batched
 from ._indexing import get, put
 from ._perturbation import Perturbed
 from ._trace import Layout, StepIn
@@ -18,8 +21,21 @@ def advance(body, layout: Layout, x, bufs, active, written=None):
     return out.x, out.bufs, out.written
 
 
+class BufferUpdates(NamedTuple):
+    """How one reversed step changes the buffers' cotangents (see `ReversibleStep`)."""
+
+    cleared: tuple  # `(index, live)` per write: zero the cotangent there
+    added: tuple  # `(index, live, d)` per read: add `d` there
+    replaced: tuple  # the new cotangent of each buffer handed to an inner loop
+
+
 class ReversibleStep:
     """One step of a loop as the reverse sweep uses it.
+
+    A buffer's cotangent is updated sparsely, only where the step reads or writes
+    it, except for a buffer the step hands to an inner loop: that one is
+    differentiated as a whole array through the step (the inner loop's own
+    reverse sweep updates it in place).
 
     **Arguments:**
 
@@ -36,9 +52,15 @@ class ReversibleStep:
         self.layout = layout
         self.perturbed = perturbed
         self.diff_body, self.static_body = eqx.partition(body, wanted)
-        # reads of perturbed buffers, whose values have cotangents
+        self.dense = [
+            leaf for leaf, p in enumerate(perturbed.bufs) if p and leaf in layout.shared
+        ]
+        self.sparse = [
+            p and leaf not in layout.shared for leaf, p in enumerate(perturbed.bufs)
+        ]
+        # reads of sparsely updated buffers, whose values have cotangents
         self.float_reads = [
-            k for k, leaf in enumerate(layout.read_leaves) if perturbed.bufs[leaf]
+            k for k, leaf in enumerate(layout.read_leaves) if self.sparse[leaf]
         ]
 
     def forward(self, x, bufs, active):
@@ -51,37 +73,43 @@ class ReversibleStep:
 
     def vjp(self, x, bufs, ct_bufs, active):
         """The step at `x`, linearized: `pullback(ct_x') -> (ct_body, ct_x,
-        updates)`, with `ct_x` for the floating leaves of `x`. `updates` says how
-        the buffers' cotangents change, for `apply_updates`: cleared where the step
-        wrote (those values did not exist before) and added to where it read. They
-        are returned rather than applied so that the caller can apply them outside
-        any `lax.cond`, keeping the buffer-sized cotangents in place."""
+        updates)`, with `ct_x` for the perturbed leaves of `x`. `updates`, a
+        `BufferUpdates`, says how the buffers' cotangents change, for
+        `apply_updates`: cleared where the step wrote (those values did not exist
+        before), added to where it read, replaced for buffers handed to an inner
+        loop. They are returned rather than applied so that the caller can apply
+        them outside any `lax.cond`, keeping the buffer-sized cotangents in place."""
         diff_x, static_x = eqx.partition(x, self.perturbed.x)
         stand_ins = self.layout.read_stand_ins()
 
-        def f(diff_body, diff_x, float_stand_ins):
+        def f(diff_body, diff_x, float_stand_ins, dense_bufs):
             all_stand_ins = list(stand_ins)
             for k, d in zip(self.float_reads, float_stand_ins):
                 all_stand_ins[k] = d
+            all_bufs = list(bufs)
+            for leaf, b in zip(self.dense, dense_bufs):
+                all_bufs[leaf] = b
             body = eqx.combine(diff_body, self.static_body)
             step = StepIn(
                 eqx.combine(diff_x, static_x),
-                bufs,
+                tuple(all_bufs),
                 tuple(all_stand_ins),
                 jnp.array(True),
                 None,
             )
             out = body(step)
             values = tuple(
-                v if self.perturbed.bufs[leaf] else None
+                v if self.sparse[leaf] else None
                 for leaf, (v, _, _) in zip(self.layout.write_leaves, out.writes)
             )
+            dense_out = tuple(out.bufs[leaf] for leaf in self.dense)
             aux = tuple((i, p) for _, i, p in out.writes), out.reads
-            return (eqx.filter(out.x, self.perturbed.x), values), aux
+            return (eqx.filter(out.x, self.perturbed.x), values, dense_out), aux
 
         float_stand_ins = tuple(stand_ins[k] for k in self.float_reads)
+        dense_bufs = tuple(bufs[leaf] for leaf in self.dense)
         _, vjp_fn, (writes, reads) = jax.vjp(
-            f, self.diff_body, diff_x, float_stand_ins, has_aux=True
+            f, self.diff_body, diff_x, float_stand_ins, dense_bufs, has_aux=True
         )
         access = writes, reads
         return lambda ct: self._pullback(vjp_fn, access, ct, ct_bufs, active)
@@ -90,34 +118,36 @@ class ReversibleStep:
         writes, reads = access
         ct_writes, cleared = [], []
         for leaf, (index, pred) in zip(self.layout.write_leaves, writes):
-            if ct_bufs[leaf] is None:
+            if not self.sparse[leaf]:
                 ct_writes.append(None)
                 continue
             here = get(ct_bufs[leaf], index)
             ct_writes.append(jnp.where(pred, here, jnp.zeros_like(here)))
             cleared.append((index, jnp.logical_and(pred, active)))
-        d_body, d_x, d_reads = vjp_fn((ct, tuple(ct_writes)))
-        added = []
+        ct_dense = tuple(ct_bufs[leaf] for leaf in self.dense)
+        d_body, d_x, d_reads, d_dense = vjp_fn((ct, tuple(ct_writes), ct_dense))
         # a value this step wrote before reading it back has its cotangent taken
         # by the write: the stand-in's cotangent is zero there
-        for k, d in zip(self.float_reads, d_reads):
-            if ct_bufs[self.layout.read_leaves[k]] is not None:
-                added.append((reads[k], active, d))
-        return d_body, d_x, (tuple(cleared), tuple(added))
+        added = tuple((reads[k], active, d) for k, d in zip(self.float_reads, d_reads))
+        # elements whose loop had stopped (under vmap) keep their cotangent
+        replaced = select_if_batched(active, d_dense, ct_dense)
+        return d_body, d_x, BufferUpdates(tuple(cleared), added, replaced)
 
-    def apply_updates(self, ct_bufs, updates):
+    def no_updates(self, updates: BufferUpdates, ct_bufs) -> BufferUpdates:
+        """Updates shaped like `updates` (abstract) that change nothing."""
+        zeros = jtu.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), updates)
+        return zeros._replace(replaced=tuple(ct_bufs[leaf] for leaf in self.dense))
+
+    def apply_updates(self, ct_bufs, updates: BufferUpdates):
         """`ct_bufs` after a step's `updates` (see `vjp`)."""
-        cleared, added = updates
         ct_bufs = list(ct_bufs)
-        write_leaves = [w for w in self.layout.write_leaves if ct_bufs[w] is not None]
-        read_leaves = [
-            self.layout.read_leaves[k]
-            for k in self.float_reads
-            if ct_bufs[self.layout.read_leaves[k]] is not None
-        ]
-        for leaf, (index, live) in zip(write_leaves, cleared):
+        write_leaves = [w for w in self.layout.write_leaves if self.sparse[w]]
+        read_leaves = [self.layout.read_leaves[k] for k in self.float_reads]
+        for leaf, (index, live) in zip(write_leaves, updates.cleared):
             ct_bufs[leaf] = put(ct_bufs[leaf], index, 0, live)
-        for leaf, (index, live, d) in zip(read_leaves, added):
+        for leaf, (index, live, d) in zip(read_leaves, updates.added):
             here = get(ct_bufs[leaf], index)
             ct_bufs[leaf] = put(ct_bufs[leaf], index, here + d.astype(here.dtype), live)
+        for leaf, new in zip(self.dense, updates.replaced):
+            ct_bufs[leaf] = new
         return tuple(ct_bufs)

@@ -110,6 +110,8 @@ class Layout(eqx.Module):
     write_leaves: tuple[int, ...] = eqx.field(static=True)  # buffer written, per write
     mask_shapes: tuple = eqx.field(static=True)  # per buffer, for the checks
     weak_out: tuple[bool, ...] = eqx.field(static=True, default=())  # per leaf
+    # buffers the body hands to an inner loop
+    shared: frozenset[int] = eqx.field(static=True, default=frozenset())
 
     def split(self, leaves):
         x = tuple(v for k, v in enumerate(leaves) if k not in self.buffer_pos)
@@ -142,6 +144,7 @@ def _generic_body(body_fun, layout: Layout, like, name: str):
             step.dummies,
             step.active,
             None if written is None else written[0],
+            layout.shared,
         )
         views = [Buffer(trace, k) for k in range(len(step.bufs))]
         out = body_fun(layout.rebuild(step.x, views))
@@ -180,13 +183,17 @@ def trace_loop(cond_fun, body_fun, init_val, buffers_fn, name: str) -> TracedLoo
     leaves, treedef = jtu.tree_flatten(dynamic)
     layout = Layout(treedef, static, buffer_pos, (), (), (), ())
     x0, bufs0 = layout.split(leaves)
-    out, access = _shape_and_static(_buffer_access(body_fun, layout), x0, bufs0)
+    out, (access, shared) = _shape_and_static(
+        _buffer_access(body_fun, layout), x0, bufs0
+    )
     if jtu.tree_structure(out) == jtu.tree_structure(init_val):
         # `lax.while_loop`'s rule for weakly typed initial values, then trace again
         promoted, changed = promote_weak_inputs(x0, layout.split(_out_avals(out))[0])
         x0 = tuple(promoted)
         if changed:
-            out, access = _shape_and_static(_buffer_access(body_fun, layout), x0, bufs0)
+            out, (access, shared) = _shape_and_static(
+                _buffer_access(body_fun, layout), x0, bufs0
+            )
     leaves = layout.merge(x0, bufs0)
     like = eqx.combine(
         jtu.tree_unflatten(
@@ -198,7 +205,7 @@ def trace_loop(cond_fun, body_fun, init_val, buffers_fn, name: str) -> TracedLoo
     if jtu.tree_structure(out) == jtu.tree_structure(like):
         out = _returns_weak_scalars_cast(out, like)
     check_carry_match(like, out, name)
-    layout = Layout(treedef, static, buffer_pos, *access, weak_out)
+    layout = Layout(treedef, static, buffer_pos, *access, weak_out, shared)
 
     def cond_dynamic(x, bufs):
         return cond_fun(layout.rebuild(x, bufs))
@@ -254,7 +261,7 @@ def _buffer_access(body_fun, layout: "Layout"):
             tuple(w.leaf for w in trace.writes),
             tuple(b.shape for b in bufs),
         )
-        return out, access
+        return out, (access, frozenset(trace.shared))
 
     return shape_body
 

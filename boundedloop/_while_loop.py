@@ -4,6 +4,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ._autodiff import checkpointed_loop, LoopConfig
+from ._buffers import lend_buffers, return_buffers
 from ._checks import check_stopped, max_steps_check_enabled
 from ._errors import check_checkpoints, check_max_steps
 from ._trace import trace_loop
@@ -115,6 +116,8 @@ def run_loop(
             f"`{name}` needs `buffers` to be a function `carry -> node(s)`, got "
             f"{buffers!r}."
         )
+    # an outer loop's buffers in the carry are buffers of this loop too
+    init_val, buffers, lent = lend_buffers(init_val, buffers)
     loop = trace_loop(cond_fun, body_fun, init_val, buffers, name)
     # a scan always takes all its steps; an unbounded loop never runs out
     checked = max_steps_check_enabled() and not known_length and max_steps is not None
@@ -131,4 +134,4 @@ def run_loop(
             stop_check=name if checked else None,
         )
         x, bufs = checkpointed_loop(loop, config)
-    return loop.finish(x, bufs)
+    return return_buffers(loop.finish(x, bufs), lent)

@@ -1,5 +1,7 @@
 """Shared references for the tests."""
 
+import re
+
 import jax
 import jax.extend.core
 import jax.numpy as jnp
@@ -73,3 +75,28 @@ def primitive_names(jaxpr) -> list[str]:
         for sub in jax.extend.core.jaxprs_in_params(eqn.params):
             out += primitive_names(sub)
     return out
+
+
+def copies_in_while_bodies(hlo: str, shape: str, innermost: bool = False) -> list:
+    """The `copy` instructions of an array of type `shape` (e.g. `f32[64,256]`)
+    inside the computations a compiled program runs as while bodies; with
+    `innermost`, only in those bodies that run no while loop carrying such an
+    array themselves (the per-step work of the innermost loops)."""
+    names = set(re.findall(r"body=%?([\w.\-]+)", hlo))
+    blocks = re.split(r"\n(?=\S)", hlo)
+    bodies = [
+        b for b in blocks if any(re.match(rf"%?{re.escape(n)}\b", b) for n in names)
+    ]
+    assert bodies, "no while loop in the program"
+    if innermost:
+        bodies = [
+            b
+            for b in bodies
+            if not any(" while(" in line and shape in line for line in b.splitlines())
+        ]
+    return [
+        line
+        for b in bodies
+        for line in b.splitlines()
+        if " copy(" in line and shape in line.split("=")[1][:40]
+    ]

@@ -2,7 +2,6 @@
 array normally; vmap; the opt-in misuse check; no copies in the compiled loop."""
 
 import functools
-import re
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +11,7 @@ from jax import lax
 
 import boundedloop as bl
 
-from .helpers import tree_allclose
+from .helpers import copies_in_while_bodies, tree_allclose
 
 
 ROWS, WIDTH = 12, 3
@@ -257,15 +256,6 @@ def test_misuse_check_catches_double_write_and_unwritten_read():
         jax.block_until_ready(jax.jit(jax.grad(lambda x: jnp.sum(good(x))))(X))
 
 
-def _while_bodies(hlo: str):
-    """The text of every computation called as a while body."""
-    names = set(re.findall(r"body=%?([\w.\-]+)", hlo))
-    blocks = re.split(r"\n(?=\S)", hlo)
-    return [
-        b for b in blocks if any(re.match(rf"%?{re.escape(n)}\b", b) for n in names)
-    ]
-
-
 @pytest.mark.parametrize("checkpoints", [4, 64])
 def test_no_copy_of_the_buffer_inside_the_compiled_loops(checkpoints):
     rows, width = 64, 256
@@ -287,13 +277,4 @@ def test_no_copy_of_the_buffer_inside_the_compiled_loops(checkpoints):
         return jnp.sum(out[1] ** 2)
 
     hlo = jax.jit(jax.grad(loss)).lower(jnp.ones(width)).compile().as_text()
-    bodies = _while_bodies(hlo)
-    assert bodies
-    shape = f"f32[{rows},{width}]"
-    for b in bodies:
-        copies = [
-            line
-            for line in b.splitlines()
-            if " copy(" in line and shape in line.split("=")[1][:40]
-        ]
-        assert not copies, copies
+    assert not copies_in_while_bodies(hlo, f"f32[{rows},{width}]")

@@ -1,8 +1,8 @@
 """Loops in loops: a `bl.while_loop` in the body of another and in `bl.scan`'s body,
 with data-dependent trip counts, against nested `lax.scan` references over the known
-trip counts. (`tests/test_while_loop.py::test_nested_loop_gradient` has the simplest
-case, constant trip counts; these add runtime trip counts, parameters closed over by
-the inner body, checkpoint combinations, per-step inner trip counts and vmap.)"""
+trip counts: runtime trip counts, parameters closed over by the inner body,
+checkpoint combinations, per-step inner trip counts, vmap, and inner loops that
+read and write the outer loop's buffers."""
 
 import functools
 
@@ -13,7 +13,7 @@ from jax import lax
 
 import boundedloop as bl
 
-from .helpers import tree_allclose
+from .helpers import copies_in_while_bodies, tree_allclose
 
 
 X0 = jnp.array([0.3, -0.2, 0.5])
@@ -165,3 +165,102 @@ def test_while_in_scan(checkpoints):
         got = f(X0, W, SCALES, counts)
         expected = reference_scan_grad(tuple(counts.tolist()))(X0, W, SCALES)
         assert tree_allclose(got, expected), counts
+
+
+# An inner loop writes rows of the outer loop's buffer, as diffrax's save loop does.
+ROWS, N_IN, WIDTH = 16, 3, 2
+
+
+def _shared_buffer_loss(outer, inner, rows=ROWS, width=WIDTH):
+    """`outer(cond, body, init)` and `inner(cond, body, init)` run the loops; the
+    inner one gets the outer buffer `buf` in its carry and writes `N_IN` rows."""
+
+    def loss(x, w, n_outer):
+        def inner_body(c):
+            z, buf, j = c
+            z = jnp.tanh(w * z + 0.1 * j)
+            return z, buf.at[j].set(z), j + 1
+
+        def outer_body(c):
+            y, buf, i, j = c
+            y, buf, j = inner(lambda c: c[2] < j + N_IN, inner_body, (y, buf, j))
+            y = y + 0.3 * buf[j - 2]  # read a row the inner loop wrote
+            return 0.9 * y, buf, i + 1, j
+
+        init = (x, jnp.zeros((rows, width)), jnp.array(0), jnp.array(0))
+        y, buf, _, _ = outer(lambda c: c[2] < n_outer, outer_body, init)
+        return jnp.sum(y**2) + jnp.sum(jnp.sin(buf))
+
+    return loss
+
+
+def _scans(n_outer):
+    def scans(length):
+        return lambda c, b, init: scan_n(b, init, length)
+
+    return _shared_buffer_loss(scans(n_outer), scans(N_IN))
+
+
+def _ours(outer_checkpoints, inner_checkpoints, inner_kind, rows=ROWS, width=WIDTH):
+    def outer(cond, body, init):
+        return bl.while_loop(
+            cond,
+            body,
+            init,
+            max_steps=5,
+            checkpoints=outer_checkpoints,
+            buffers=lambda c: c[1],
+        )
+
+    def inner(cond, body, init):
+        if inner_kind == "scan":
+            step = lambda c, _: (body(c), None)  # noqa: E731
+            return bl.scan(step, init, length=N_IN, checkpoints=inner_checkpoints)[0]
+        # the outer buffer is named by `buffers=` too, as diffrax does
+        return bl.while_loop(
+            cond,
+            body,
+            init,
+            max_steps=N_IN + 1,
+            checkpoints=inner_checkpoints,
+            buffers=lambda c: c[1],
+        )
+
+    return _shared_buffer_loss(outer, inner, rows, width)
+
+
+@pytest.mark.parametrize("inner_kind", ["while", "scan"])
+@pytest.mark.parametrize("checkpoints", [(1, 1), (2, None), (5, 2)])
+def test_inner_loop_writes_the_outer_buffer(checkpoints, inner_kind):
+    x, w = jnp.array([0.3, -0.5]), jnp.array(1.1)
+    f = jax.jit(jax.value_and_grad(_ours(*checkpoints, inner_kind), argnums=(0, 1)))
+    for n_outer in [0, 2, 4, 7]:
+        trips = min(n_outer, 5)
+        expected = jax.value_and_grad(_scans(trips), argnums=(0, 1))(x, w, trips)
+        assert tree_allclose(f(x, w, n_outer), expected, rtol=1e-5), n_outer
+
+
+def test_inner_loop_writes_the_outer_buffer_jvp_and_vmap():
+    x, w = jnp.array([0.3, -0.5]), jnp.array(1.1)
+    ours, ref = _ours(2, 2, "while"), _scans(4)
+    got = jax.jvp(lambda x, w: ours(x, w, 4), (x, w), (x, w))
+    assert tree_allclose(got, jax.jvp(lambda x, w: ref(x, w, 4), (x, w), (x, w)))
+    grads = jax.vmap(jax.grad(ours), in_axes=(0, None, 0))(
+        jnp.stack([x, -x]), w, jnp.array([4, 1])
+    )
+    for b, n in enumerate([4, 1]):
+        expected = jax.grad(_scans(n))(jnp.stack([x, -x])[b], w, n)
+        assert tree_allclose(grads[b], expected, rtol=1e-5), b
+
+
+def test_no_copy_of_the_outer_buffer_per_inner_step():
+    """The inner loops update the outer buffer (and its cotangent) in place. The
+    forward steps the reverse sweep replays run on the final buffer, a constant of
+    the reverse loop, so XLA may copy it once per outer step, never per inner
+    step."""
+    rows, width = 64, 256
+    loss = _ours(4, 2, "while", rows, width)
+    grad = jax.jit(jax.grad(lambda x: loss(x, jnp.array(1.1), 5)))
+    hlo = grad.lower(jnp.ones(width)).compile().as_text()
+    shape = f"f32[{rows},{width}]"
+    assert not copies_in_while_bodies(hlo, shape, innermost=True)
