@@ -1,6 +1,7 @@
 """This tree against an earlier revision of boundedloop, side by side in one process:
 gradient time (round-robin, shuffled, medians) and body evaluations per gradient on
-the foundation workload (adaptive MLP, 8 steps taken).
+the foundation workload (adaptive MLP, 8 steps taken), and gradient time on the
+buffer workload of `buffers.py` (one row of an (M, 256) buffer written per step).
 
     python benchmarks/regression.py REV [--rounds 30] [--out FILE]
 
@@ -70,6 +71,32 @@ def make(lib, max_steps, checkpoints, counter=None):
     return forward
 
 
+BUFFER_ROWS = (256, 4096)
+
+
+def make_buffers(lib, rows, width=256, checkpoints=16):
+    """`buffers.py`'s workload: the gradient of an M-step loop writing one row of an
+    (M, width) buffer per step."""
+
+    def loss(scale, v0):
+        def body(carry):
+            v, buf, i = carry
+            v = jnp.tanh(v * scale + 0.01)
+            return v, buf.at[i].set(v), i + 1
+
+        out = lib.while_loop(
+            lambda c: c[2] < rows,
+            body,
+            (v0, jnp.zeros((rows, width)), jnp.array(0)),
+            max_steps=rows,
+            checkpoints=checkpoints,
+            buffers=lambda c: c[1],
+        )
+        return jnp.sum(out[1] ** 2)
+
+    return jax.jit(jax.grad(loss, argnums=(0, 1)))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("rev")
@@ -78,6 +105,7 @@ def main():
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     weights, x = mlp_weights(), jnp.ones((1,))
+    buffer_args = (jnp.array(1.1), jnp.linspace(-1.0, 1.0, 256))
     with tempfile.TemporaryDirectory() as tmp:
         where = pathlib.Path(tmp) / "old"
         old = import_revision(args.rev, where)
@@ -99,14 +127,18 @@ def main():
                     counter.count = 0
                     jax.block_until_ready(counted(weights, x))
                     evals[(name, max_steps)] = counter.count
+                for rows in BUFFER_ROWS:
+                    fns[(name, rows, "buffers")] = make_buffers(lib, rows)
+                    jax.block_until_ready(fns[(name, rows, "buffers")](*buffer_args))
             samples = {k: [] for k in fns}
             order = list(fns)
             rng = random.Random(0)
             for _ in range(args.rounds):
                 rng.shuffle(order)
                 for k in order:
+                    args_k = buffer_args if k[2] == "buffers" else (weights, x)
                     t0 = time.perf_counter()
-                    jax.block_until_ready(fns[k](weights, x))
+                    jax.block_until_ready(fns[k](*args_k))
                     samples[k].append(time.perf_counter() - t0)
         finally:
             subprocess.run(
@@ -140,6 +172,22 @@ def main():
                 f"| {what} | {max_steps} | {1e3 * new:.3f} | {1e3 * prev:.3f} | "
                 f"{new / prev:.3f} | {e_new} / {e_old} |"
             )
+    for m in BUFFER_ROWS:
+        new = medians[("this tree", m, "buffers")]
+        prev = medians[(args.rev, m, "buffers")]
+        rows.append(
+            dict(
+                gradient="buffers",
+                max_steps=m,
+                new_ms=1e3 * new,
+                old_ms=1e3 * prev,
+                ratio=new / prev,
+            )
+        )
+        print(
+            f"| buffers (M rows) | {m} | {1e3 * new:.3f} | {1e3 * prev:.3f} | "
+            f"{new / prev:.3f} | - |"
+        )
     if args.out:
         pathlib.Path(args.out).write_text(
             json.dumps({"rev": args.rev, "rounds": args.rounds, "rows": rows}, indent=1)
