@@ -57,8 +57,8 @@ def _import_tqdm():
     except ImportError:
         raise ImportError(
             "`bl.progress_meter` needs tqdm, which is an optional dependency of "
-            "boundedloop: install it with `pip install 'boundedloop[progress]'` (or "
-            "`pip install tqdm`), or pass `tqdm_class=`."
+            "boundedloop: install it with `pip install tqdm` (or, in a checkout of "
+            "boundedloop, `pip install -e '.[progress]'`), or pass `tqdm_class=`."
         ) from None
     return tqdm
 
@@ -86,7 +86,7 @@ def progress_meter(
         out = jax.jit(f)(x)   # f calls bl.while_loop(..., max_steps=10**6)
     ```
 
-    Needs tqdm (`pip install 'boundedloop[progress]'`) unless `tqdm_class` is
+    Needs tqdm (`pip install tqdm`, or `pip install -e '.[progress]'` in a checkout) unless `tqdm_class` is
     given. Like `bl.max_steps_check`, the setting is read when the loop is traced,
     and JAX caches traces by function: enter the block before the first call.
 

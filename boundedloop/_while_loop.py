@@ -69,9 +69,11 @@ def while_loop(
         smallest integer with `binomial(c + r, r) >= n`.
     - `buffers`: optional, a function `carry -> node or sequence of nodes of the
         carry`. Every array leaf under those nodes is a [`bl.Buffer`][boundedloop.Buffer]
-        inside `body_fun`: `buf[i]` reads, `buf.at[i].set(x, pred=p)` writes in
-        place. Buffers are never checkpointed. Each location may be written at most
-        once, and only written locations may be read (see `bl.buffer_checks`).
+        inside `body_fun`: `buf[idx]` reads, `buf.at[idx].set(x, pred=p)` writes in
+        place, for any basic index (integers, static slices, `...`). Buffers are never
+        checkpointed. Each location may be written at most once, and only written
+        locations may be read (see `bl.buffer_checks`). An outer loop's buffer in
+        `init_val` is a buffer of this loop too (loops in loops share buffers).
 
     **Returns:**
 

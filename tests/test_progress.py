@@ -161,7 +161,7 @@ def test_real_tqdm(capsys):
 def test_missing_tqdm_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "tqdm", None)
     monkeypatch.setitem(sys.modules, "tqdm.auto", None)
-    with pytest.raises(ImportError, match=r"pip install 'boundedloop\[progress\]'"):
+    with pytest.raises(ImportError, match=r"pip install tqdm"):
         with bl.progress_meter():
             pass
     with bl.progress_meter(tqdm_class=FakeBar):  # a bar of one's own needs no tqdm
