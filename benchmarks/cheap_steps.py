@@ -1,0 +1,211 @@
+"""Many cheap steps (the ODE-solver regime): explicit Euler on `x' = tanh(W x + b)`,
+state width 32, dt = 0.01, exactly n steps, and the gradient of `sum(x_n**2)` with
+respect to (W, b, x0). Side by side in one process: `bl.while_loop` with 16
+checkpoints and storing every step, equinox's checkpointed loop with 16, and the
+ideal, a `lax.scan` over exactly n steps that stores every residual.
+
+    python benchmarks/cheap_steps.py [--quick] [--rounds 20] [--out FILE] > benchmarks/results/cheap_steps.txt
+    python benchmarks/cheap_steps.py --smoke   # tiny sizes, checks that it runs
+
+The loops' cond is `i < n` with n a traced argument (the compiled program does not
+depend on it) and max_steps = n. Times are medians over rounds run round-robin, in a
+shuffled order, after a warm-up; body evaluations per gradient are counted with
+`jax.debug.callback` in a separate compile. Writes JSON (not in --smoke mode unless
+--out is given) and prints a markdown table.
+"""
+
+import argparse
+import json
+import pathlib
+import platform
+import random
+import statistics
+import time
+
+import equinox.internal as eqxi
+import jax
+import jax.numpy as jnp
+import numpy as np
+from _common import compile_time, EvalCounter, temp_bytes
+from jax import lax
+
+import boundedloop as bl
+
+
+WIDTH = 32
+DT = 0.01
+CHECKPOINTS = 16
+IDEAL = "lax.scan (ideal)"
+KINDS = [
+    f"boundedloop checkpoints={CHECKPOINTS}",
+    "boundedloop store all",
+    f"equinox checkpointed checkpoints={CHECKPOINTS}",
+    IDEAL,
+]
+
+
+def make(kind, n, counter=None):
+    """The gradient, `(W, b, x0, steps) -> (dW, db, dx0)`, of `sum(x_n**2)` for one
+    loop. `steps` (a traced int, equal to `n`) is what the loops' cond compares
+    against; `n` is the static bound (and the scan's length)."""
+
+    def loss(w, b, x0, steps):
+        def body(carry):
+            x, i = carry
+            if counter is not None:
+                counter(i)
+            return x + DT * jnp.tanh(w @ x + b), i + 1
+
+        cond = lambda c: c[1] < steps  # noqa: E731
+        init = (x0, jnp.array(0))
+        if kind == f"boundedloop checkpoints={CHECKPOINTS}":
+            out = bl.while_loop(cond, body, init, max_steps=n, checkpoints=CHECKPOINTS)
+        elif kind == "boundedloop store all":
+            out = bl.while_loop(cond, body, init, max_steps=n, checkpoints=n)
+        elif kind == f"equinox checkpointed checkpoints={CHECKPOINTS}":
+            out = eqxi.while_loop(
+                cond,
+                body,
+                init,
+                max_steps=n,
+                kind="checkpointed",
+                checkpoints=CHECKPOINTS,
+            )
+        elif kind == IDEAL:
+            out = lax.scan(lambda c, _: (body(c), None), init, length=n)[0]
+        else:
+            raise ValueError(kind)
+        return jnp.sum(out[0] ** 2)
+
+    return jax.grad(loss, argnums=(0, 1, 2))
+
+
+def count_evals(kind, n, args):
+    counter = EvalCounter()
+    counted = jax.jit(make(kind, n, counter))
+    jax.block_until_ready(counted(*args))
+    counter.count = 0
+    jax.block_until_ready(counted(*args))
+    return counter.count
+
+
+def max_abs_diff(a, b):
+    return max(
+        float(jnp.max(jnp.abs(x - y)))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+    )
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="only n = 1000")
+    parser.add_argument(
+        "--smoke", action="store_true", help="n = 50, 100 and 2 rounds: checks it runs"
+    )
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="JSON output (default benchmarks/results/cheap_steps.json; none with --smoke)",
+    )
+    args = parser.parse_args()
+    if args.smoke:
+        sizes, rounds = [50, 100], 2
+    else:
+        sizes, rounds = ([1000] if args.quick else [1000, 10000]), args.rounds
+    out = args.out
+    if out is None and not args.smoke:
+        out = "benchmarks/results/cheap_steps.json"
+
+    kw, kb, kx = jax.random.split(jax.random.key(0), 3)
+    w = jax.random.normal(kw, (WIDTH, WIDTH)) / np.sqrt(WIDTH)
+    b = 0.1 * jax.random.normal(kb, (WIDTH,))
+    x0 = jax.random.normal(kx, (WIDTH,))
+
+    rows, fns, fn_args = [], {}, {}
+    for n in sizes:
+        a = (w, b, x0, jnp.array(n, dtype=jnp.int32))
+        reference = None
+        for kind in KINDS:
+            ct, compiled = compile_time(make(kind, n), *a)
+            grads = jax.block_until_ready(compiled(*a))  # warm-up
+            if kind == IDEAL:
+                reference = grads
+            row = {
+                "kind": kind,
+                "n": n,
+                "grad_compile_s": ct,
+                "grad_temp_bytes": temp_bytes(compiled),
+                "body_evals_per_grad": count_evals(kind, n, a),
+                "_grads": grads,
+            }
+            rows.append(row)
+            fns[(kind, n)], fn_args[(kind, n)] = compiled, a
+            print("compiled", kind, n, flush=True)
+        for row in rows:
+            if row["n"] == n:
+                row["max_abs_diff_vs_ideal"] = max_abs_diff(
+                    row.pop("_grads"), reference
+                )
+
+    samples = {k: [] for k in fns}
+    order = list(fns)
+    rng = random.Random(0)
+    for _ in range(rounds):
+        rng.shuffle(order)
+        for k in order:
+            t0 = time.perf_counter()
+            jax.block_until_ready(fns[k](*fn_args[k]))
+            samples[k].append(time.perf_counter() - t0)
+    for row in rows:
+        row["grad_s"] = statistics.median(samples[(row["kind"], row["n"])])
+    for row in rows:
+        ideal = next(r for r in rows if r["kind"] == IDEAL and r["n"] == row["n"])
+        row["grad_over_ideal"] = row["grad_s"] / ideal["grad_s"]
+        row["evals_over_2n"] = row["body_evals_per_grad"] / (2 * row["n"])
+        print(row, flush=True)
+
+    print()
+    print(
+        f"Euler steps x + {DT} * tanh(W x + b), width {WIDTH}, exactly n steps "
+        f"(max_steps = n); gradient of sum(x_n**2) w.r.t. (W, b, x0); "
+        f"medians of {rounds} interleaved rounds; ratios within this run."
+    )
+    print()
+    print("| loop | n | grad ms | over ideal | body evals | evals / 2n | temp bytes |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        print(
+            f"| {row['kind']} | {row['n']} | {1e3 * row['grad_s']:.3f} | "
+            f"{row['grad_over_ideal']:.2f} | {row['body_evals_per_grad']} | "
+            f"{row['evals_over_2n']:.2f} | {row['grad_temp_bytes']} |"
+        )
+    print()
+    print("| loop | n | compile s | max abs diff vs ideal |")
+    print("|---|---:|---:|---:|")
+    for row in rows:
+        print(
+            f"| {row['kind']} | {row['n']} | {row['grad_compile_s']:.2f} | "
+            f"{row['max_abs_diff_vs_ideal']:.1e} |"
+        )
+    if out:
+        path = pathlib.Path(out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(
+            json.dumps(
+                {
+                    "machine": platform.platform(),
+                    "devices": [str(d) for d in jax.devices()],
+                    "width": WIDTH,
+                    "dt": DT,
+                    "checkpoints": CHECKPOINTS,
+                    "rounds": rounds,
+                    "rows": rows,
+                },
+                indent=1,
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
