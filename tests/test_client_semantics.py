@@ -191,3 +191,75 @@ def test_reverse_sweep_carries_cotangents_of_perturbed_leaves_only():
     # `unrelated` is floating but not perturbed: only its checkpoints are carried
     assert (1000,) not in shapes
     assert (3, 1000) in shapes
+
+
+def _solver_like(y0, w, n_steps, stage_loop):
+    """The shape of diffrax's carry: a step loop over many int/bool/float leaves and
+    two output buffers, each step running a stage loop that writes a stage buffer
+    `fs` and reads all of it (`fs[...]`)."""
+    stages = 3
+    a = jnp.array([[0.0, 0.0, 0.0], [0.5, 0.0, 0.0], [0.25, 0.25, 0.0]])
+
+    def step(c):
+        t, y, dt, n, made_jump, ts, ys, save_index = c
+        fs0 = jnp.zeros((stages,) + y.shape)
+
+        def stage(sc):
+            fs, k = sc
+            y_k = y + dt * jnp.tensordot(a[k], fs[...], axes=1)
+            return fs.at[k].set(jnp.tanh(w * y_k)), k + 1
+
+        fs, _ = stage_loop(stage, (fs0, 0), stages)
+        y = y + dt * jnp.sum(fs[...], axis=0) / stages
+        ts = ts.at[save_index].set(t + dt)
+        ys = ys.at[save_index].set(y)
+        return (t + dt, y, dt * 1.1, n + 1, ~made_jump, ts, ys, save_index + 1)
+
+    init = (0.0, y0, 0.05, 0, False, jnp.zeros(8), jnp.zeros((8, 2)), 0)
+    return step, init, n_steps
+
+
+def _solver_like_loss(y0, w, limit):
+    def stage_loop(stage, init, n):
+        return bl.scan(
+            lambda c, _: (stage(c), None), init, length=n, buffers=lambda c: c[0]
+        )[0]
+
+    step, init, _ = _solver_like(y0, w, limit, stage_loop)
+    out = bl.while_loop(
+        lambda c: c[3] < limit,
+        step,
+        init,
+        max_steps=8,
+        checkpoints=3,
+        buffers=lambda c: (c[5], c[6]),
+    )
+    return jnp.sum(out[6] ** 2) + jnp.sum(out[1])
+
+
+def _solver_like_reference(y0, w, limit):
+    def stage_loop(stage, init, n):
+        return scan_loop(stage, init, n)
+
+    step, init, _ = _solver_like(y0, w, limit, stage_loop)
+    out = scan_loop(step, init, limit)
+    return jnp.sum(out[6] ** 2) + jnp.sum(out[1])
+
+
+def test_grad_of_vmap_with_a_solver_shaped_carry():
+    """`jax.grad(jax.vmap(...))` of a loop shaped like diffrax's `diffeqsolve`."""
+    ys0, w = jnp.array([[0.3, -0.4], [1.0, 0.2]]), jnp.array(1.3)
+    limits = jnp.array([5, 2])
+
+    def batched(loss):
+        return lambda ys0, w: jnp.sum(
+            jax.vmap(loss, in_axes=(0, None, 0))(ys0, w, limits)
+        )
+
+    got = jax.jit(jax.grad(batched(_solver_like_loss), argnums=(0, 1)))(ys0, w)
+    expected = [
+        jax.grad(_solver_like_reference, argnums=(0, 1))(ys0[b], w, int(limits[b]))
+        for b in range(2)
+    ]
+    assert tree_allclose(got[0], jnp.stack([e[0] for e in expected]), rtol=1e-5)
+    assert tree_allclose(got[1], expected[0][1] + expected[1][1], rtol=1e-5)

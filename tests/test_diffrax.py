@@ -1,0 +1,163 @@
+"""`boundedloop.diffrax.CheckpointedAdjoint` against diffrax's own adjoints:
+`RecursiveCheckpointAdjoint` for reverse mode, `ForwardMode` for forward mode and
+`DirectAdjoint` for second derivatives."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from .helpers import tree_allclose
+
+
+diffrax = pytest.importorskip("diffrax")
+lx = pytest.importorskip("lineax")
+
+from boundedloop.diffrax import CheckpointedAdjoint  # noqa: E402
+
+
+Y0 = jnp.array([1.0, 2.0])
+ARGS = jnp.array(1.5)
+RCA = diffrax.RecursiveCheckpointAdjoint()
+
+
+def _vector_field(t, y, args):
+    return -y * args + jnp.sin(t)
+
+
+def solve(y0, args, adjoint, saveat=None, solver=None, max_steps=64):
+    sol = diffrax.diffeqsolve(
+        diffrax.ODETerm(_vector_field),
+        diffrax.Tsit5() if solver is None else solver,
+        0.0,
+        1.0,
+        0.1,
+        y0,
+        args=args,
+        saveat=diffrax.SaveAt(t1=True) if saveat is None else saveat,
+        stepsize_controller=diffrax.PIDController(rtol=1e-4, atol=1e-4),
+        adjoint=adjoint,
+        max_steps=max_steps,
+    )
+    return jnp.sum(sol.ys**2)
+
+
+SAVEATS = {
+    "t1": diffrax.SaveAt(t1=True),
+    "ts": diffrax.SaveAt(ts=jnp.linspace(0.0, 1.0, 5)),
+    "steps": diffrax.SaveAt(steps=True),
+    "t0_t1_ts": diffrax.SaveAt(t0=True, t1=True, ts=jnp.array([0.3, 0.7])),
+}
+
+
+@functools.cache
+def _grad(adjoint, saveat, solver, max_steps=64):
+    loss = functools.partial(
+        solve,
+        adjoint=adjoint,
+        saveat=SAVEATS[saveat],
+        solver=solver,
+        max_steps=max_steps,
+    )
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+
+
+@pytest.mark.parametrize("saveat", sorted(SAVEATS))
+@pytest.mark.parametrize("solver", [diffrax.Tsit5(), diffrax.Kvaerno5()])
+@pytest.mark.parametrize("checkpoints", [None, 2, 64])
+def test_reverse_mode_matches_recursive_checkpoint_adjoint(saveat, solver, checkpoints):
+    ours = _grad(CheckpointedAdjoint(checkpoints), saveat, solver)(Y0, ARGS)
+    assert tree_allclose(ours, _grad(RCA, saveat, solver)(Y0, ARGS), rtol=1e-4)
+
+
+def test_max_steps_none_and_vmap():
+    ours = _grad(CheckpointedAdjoint(), "t1", diffrax.Tsit5(), max_steps=None)
+    assert tree_allclose(
+        ours(Y0, ARGS), _grad(RCA, "t1", diffrax.Tsit5())(Y0, ARGS), rtol=1e-4
+    )
+    ys0 = jnp.stack([Y0, -0.5 * Y0])
+
+    def batched(adjoint):
+        per = lambda y0: solve(y0, ARGS, adjoint, SAVEATS["ts"])  # noqa: E731
+        return jax.grad(lambda ys0: jnp.sum(jax.vmap(per)(ys0)))(ys0)
+
+    assert tree_allclose(batched(CheckpointedAdjoint()), batched(RCA), rtol=1e-4)
+
+
+@pytest.mark.parametrize("saveat", ["t1", "ts"])
+def test_forward_mode_matches_forward_mode_adjoint(saveat):
+    def f(adjoint):
+        return lambda y0: solve(y0, ARGS, adjoint, SAVEATS[saveat])
+
+    ours, ref = f(CheckpointedAdjoint()), f(diffrax.ForwardMode())
+    assert tree_allclose(jax.jvp(ours, (Y0,), (Y0,)), jax.jvp(ref, (Y0,), (Y0,)))
+    assert tree_allclose(jax.jacfwd(ours)(Y0), jax.jacfwd(ref)(Y0), rtol=1e-5)
+
+
+def test_hessian_matches_direct_adjoint():
+    def f(adjoint):
+        return lambda y0, args: solve(y0, args, adjoint)
+
+    ours = jax.hessian(f(CheckpointedAdjoint()), argnums=(0, 1))(Y0, ARGS)
+    ref = jax.hessian(f(diffrax.DirectAdjoint()), argnums=(0, 1))(Y0, ARGS)
+    assert tree_allclose(ours, ref, rtol=1e-4, atol=1e-5)
+    with pytest.raises(Exception):  # RecursiveCheckpointAdjoint has no forward mode
+        jax.hessian(f(RCA))(Y0, ARGS)
+
+
+def test_sde_with_virtual_brownian_tree():
+    def f(adjoint):
+        def loss(y0):
+            bm = diffrax.VirtualBrownianTree(
+                0.0, 1.0, tol=1e-3, shape=(2,), key=jax.random.key(0)
+            )
+            terms = diffrax.MultiTerm(
+                diffrax.ODETerm(lambda t, y, a: -y),
+                diffrax.ControlTerm(
+                    lambda t, y, a: lx.DiagonalLinearOperator(0.1 * y), bm
+                ),
+            )
+            sol = diffrax.diffeqsolve(
+                terms,
+                diffrax.Euler(),
+                0.0,
+                1.0,
+                0.05,
+                y0,
+                adjoint=adjoint,
+                max_steps=64,
+            )
+            return jnp.sum(sol.ys)
+
+        return loss
+
+    assert tree_allclose(
+        jax.grad(f(CheckpointedAdjoint()))(Y0), jax.grad(f(RCA))(Y0), rtol=1e-5
+    )
+
+
+def test_events_and_throw():
+    def f(adjoint):
+        def loss(y0):
+            event = diffrax.Event(lambda t, y, args, **kw: y[0] - 0.5)
+            sol = diffrax.diffeqsolve(
+                diffrax.ODETerm(lambda t, y, args: -y),
+                diffrax.Tsit5(),
+                0.0,
+                5.0,
+                0.1,
+                y0,
+                event=event,
+                adjoint=adjoint,
+                max_steps=64,
+            )
+            return jnp.sum(sol.ys)
+
+        return loss
+
+    assert tree_allclose(
+        jax.grad(f(CheckpointedAdjoint()))(Y0), jax.grad(f(RCA))(Y0), rtol=1e-5
+    )
+    with pytest.raises(Exception, match="maximum number of solver steps"):
+        solve(Y0, ARGS, CheckpointedAdjoint(), max_steps=2)
