@@ -27,7 +27,7 @@ from ._batching import any_across_batch
 
 def _traced_switch(name: str, help: str):
     """A boolean JAX configuration state keyed into traces and jit caches."""
-    existing = jax_config.config_states.get(f"jax_{name}")
+    existing = jax_config.config_states.get(name)
     if existing is not None:  # this module imported twice (e.g. two revisions)
         return existing
     return jax_config.bool_state(
