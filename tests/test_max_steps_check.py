@@ -207,3 +207,26 @@ def test_loop_module_run():
         with pytest.raises(Exception, match="reached max_steps=3"):
             jax.block_until_ready(f(module, jnp.array(1.0)))
     assert isinstance(module, eqx.Module)
+
+
+def test_a_second_copy_of_the_package_imports():
+    """`benchmarks/regression.py` imports two revisions side by side: the checks'
+    JAX configuration states are shared, not defined twice."""
+    import importlib.util
+    import pathlib
+    import sys
+
+    root = pathlib.Path(bl.__file__).parent
+    spec = importlib.util.spec_from_file_location(
+        "boundedloop_copy", root / "__init__.py", submodule_search_locations=[str(root)]
+    )
+    copy = importlib.util.module_from_spec(spec)
+    sys.modules["boundedloop_copy"] = copy
+    try:
+        spec.loader.exec_module(copy)
+        with copy.max_steps_check():
+            with pytest.raises(Exception, match=MESSAGE):
+                loop(X, jnp.array(50))
+    finally:
+        for name in [n for n in sys.modules if n.startswith("boundedloop_copy")]:
+            del sys.modules[name]
