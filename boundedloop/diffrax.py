@@ -12,12 +12,15 @@ One adjoint for every mode: `jax.grad` (checkpointed reverse sweep), `jax.jvp` a
 `jax.jacfwd` (forward mode), and `jax.hessian` (forward over reverse).
 """
 
+import contextlib
 import functools
+import threading
 
 import diffrax
 import equinox as eqx
 import jax
 import jax.tree_util as jtu
+from diffrax._solver import runge_kutta as _runge_kutta
 
 from ._while_loop import while_loop
 
@@ -43,20 +46,60 @@ _inner_loop = jax.named_call(_bl_while_loop, name="inner-loop")
 _outer_loop = jax.named_call(_bl_while_loop, name="outer-loop")
 
 
-def _stage_loops_bounded(solver):
-    """`solver` with the Runge-Kutta stage loops (fixed length) on `"bounded"`
-    loops where they were left to the default: the default (equinox's checkpointed
-    loop) has no forward mode, and `"lax"` no reverse mode."""
+# The `scan_kind` this adjoint gives Runge-Kutta solvers that leave it unset: their
+# stage loops then run on `bl.while_loop` (see `_stage_loops_on_boundedloop`).
+_STAGE_KIND = "boundedloop"
 
-    def bounded(s):
+
+def _with_stage_kind(solver):
+    """`solver` with its Runge-Kutta stage loops routed to `bl.while_loop`, where the
+    solver leaves `scan_kind` unset (a solver that sets it keeps its choice)."""
+
+    def route(s):
         if isinstance(s, diffrax.AbstractRungeKutta) and s.scan_kind is None:
             return eqx.tree_at(
-                lambda s: s.scan_kind, s, "bounded", is_leaf=lambda v: v is None
+                lambda s: s.scan_kind, s, _STAGE_KIND, is_leaf=lambda v: v is None
             )
         return s
 
     is_rk = lambda s: isinstance(s, diffrax.AbstractRungeKutta)  # noqa: E731
-    return jtu.tree_map(bounded, solver, is_leaf=is_rk)
+    return jtu.tree_map(route, solver, is_leaf=is_rk)
+
+
+class _StageLoops:
+    """`equinox.internal` as diffrax's Runge-Kutta module sees it while a solve is
+    traced: stage loops of kind `_STAGE_KIND` run on `bl.while_loop` (with a
+    checkpoint per stage), everything else is equinox's."""
+
+    def __init__(self, eqxi):
+        self._eqxi = eqxi
+
+    def __getattr__(self, name):
+        return getattr(self._eqxi, name)
+
+    def while_loop(self, cond_fun, body_fun, init_val, *, kind, **kwargs):
+        if kind != _STAGE_KIND:
+            return self._eqxi.while_loop(
+                cond_fun, body_fun, init_val, kind=kind, **kwargs
+            )
+        return _bl_while_loop(cond_fun, body_fun, init_val, **kwargs)
+
+
+_patching = threading.RLock()
+
+
+@contextlib.contextmanager
+def _stage_loops_on_boundedloop():
+    """While tracing a solve: diffrax takes only `scan_kind` strings for its stage
+    loops, so the loop itself is swapped in where the Runge-Kutta module looks it up
+    (and put back after; one thread at a time)."""
+    with _patching:
+        original = _runge_kutta.eqxi
+        _runge_kutta.eqxi = _StageLoops(original)
+        try:
+            yield
+        finally:
+            _runge_kutta.eqxi = original
 
 
 class CheckpointedAdjoint(diffrax.AbstractAdjoint):
@@ -98,15 +141,16 @@ class CheckpointedAdjoint(diffrax.AbstractAdjoint):
                 "`UnsafeBrownianPath`. Consider using `adjoint=ForwardMode()` "
                 "instead."
             )
-        return self._loop(
-            terms=terms,
-            saveat=saveat,
-            init_state=init_state,
-            max_steps=max_steps,
-            solver=_stage_loops_bounded(solver),
-            inner_while_loop=_inner_loop,
-            outer_while_loop=functools.partial(
-                _outer_loop, checkpoints=self.checkpoints
-            ),
-            **kwargs,
-        )
+        with _stage_loops_on_boundedloop():
+            return self._loop(
+                terms=terms,
+                saveat=saveat,
+                init_state=init_state,
+                max_steps=max_steps,
+                solver=_with_stage_kind(solver),
+                inner_while_loop=_inner_loop,
+                outer_while_loop=functools.partial(
+                    _outer_loop, checkpoints=self.checkpoints
+                ),
+                **kwargs,
+            )

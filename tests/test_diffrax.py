@@ -5,6 +5,7 @@
 import functools
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import pytest
 
@@ -168,3 +169,29 @@ def test_events_and_throw():
     )
     with pytest.raises(Exception, match="maximum number of solver steps"):
         solve(Y0, ARGS, CheckpointedAdjoint(), max_steps=2)
+
+
+def _our_loops(jaxpr) -> int:
+    """How many `bl.while_loop` forward sweeps the program has."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        name = str(eqn.source_info.name_stack)
+        count += eqn.primitive.name == "while" and "boundedloop_forward" in name
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            count += _our_loops(sub)
+    return count
+
+
+def test_stage_loops_run_on_boundedloop():
+    from diffrax._solver import runge_kutta
+
+    before = runge_kutta.eqxi
+    jaxpr = jax.make_jaxpr(lambda y0: solve(y0, ARGS, CheckpointedAdjoint()))(Y0)
+    assert runge_kutta.eqxi is before  # the lookup is put back after the trace
+    assert _our_loops(jaxpr.jaxpr) == 2  # the stepping loop and the stage loop
+    # a solver that chooses its own stage loop keeps it
+    own = diffrax.Tsit5(scan_kind="bounded")
+    jaxpr = jax.make_jaxpr(
+        lambda y0: solve(y0, ARGS, CheckpointedAdjoint(), solver=own)
+    )(Y0)
+    assert _our_loops(jaxpr.jaxpr) == 1
