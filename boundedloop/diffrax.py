@@ -108,9 +108,9 @@ class CheckpointedAdjoint(diffrax.AbstractAdjoint):
     reverse second derivatives, all through this one adjoint.
 
     The solver's stepping loop and its save loop (`SaveAt(ts=...)`, which writes
-    into the stepping loop's output buffers) run on `bl.while_loop`. The Runge-Kutta
-    stage loop inside each step has a fixed length; it runs as a `"bounded"` loop
-    (`scan_kind`) unless the solver sets its own `scan_kind`.
+    into the stepping loop's output buffers) run on `bl.while_loop`, and so does the
+    Runge-Kutta stage loop inside each step, unless the solver sets its own
+    `scan_kind`.
 
     **Arguments:**
 
