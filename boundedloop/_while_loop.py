@@ -54,7 +54,8 @@ def while_loop(
         shapes and dtypes as it is given.
     - `init_val`: the initial carry, any pytree. Arrays and Python numbers are
         carried (and differentiated, if floating); other leaves are static and must
-        be returned unchanged.
+        be returned unchanged. Results have the dtypes and weak types
+        `lax.while_loop` would give them.
     - `max_steps`: a non-negative `int`, the most steps to take; or `None` for no
         bound. Values above `2**31 - 1` (what the int32 step counter can count)
         act as `2**31 - 1`. Reaching it stops the loop
@@ -65,7 +66,7 @@ def while_loop(
         `ceil(log2(max_steps)) + 4` (16 at `max_steps=4096`), and 16 for
         `max_steps=None`. More than `max_steps` are never used. More checkpoints
         cost memory and save recomputation: with `c` checkpoints an `n`-step
-        gradient makes about `2n + r n` body evaluations, where `r` is the
+        gradient makes at most `2n + r n` body evaluations, where `r` is the
         smallest integer with `binomial(c + r, r) >= n`.
     - `buffers`: optional, a function `carry -> node or sequence of nodes of the
         carry`. Every array leaf under those nodes is a [`bl.Buffer`][boundedloop.Buffer]
@@ -83,7 +84,8 @@ def while_loop(
 
         Gradients flow to `init_val` and to the floating arrays `body_fun` closes
         over. Arrays `cond_fun` closes over receive no gradient (the predicate is
-        piecewise constant).
+        piecewise constant). Only carry leaves that depend on what is
+        differentiated get tangents and cotangents, as with `lax.while_loop`.
     """
     return run_loop(
         cond_fun,
