@@ -1,5 +1,7 @@
 """A pytest plugin that runs diffrax's own tests with `CheckpointedAdjoint` as the
-default adjoint of `diffrax.diffeqsolve` (tests that pass an adjoint keep it).
+default adjoint of `diffrax.diffeqsolve` (tests that pass an adjoint keep it). With
+`BOUNDEDLOOP_REPLACE_RCA=1` in the environment, tests that name
+`diffrax.RecursiveCheckpointAdjoint` get `CheckpointedAdjoint` too.
 
     python -m pytest -p tests.diffrax_suite.plugin PATH/TO/diffrax/test/test_x.py
 
@@ -8,6 +10,7 @@ to the same tests with diffrax's default adjoint.)
 """
 
 import functools
+import os
 
 import diffrax
 
@@ -30,3 +33,6 @@ def _with_our_default(diffeqsolve):
 def pytest_configure(config):
     del config
     diffrax.diffeqsolve = _with_our_default(diffrax.diffeqsolve)
+    if os.environ.get("BOUNDEDLOOP_REPLACE_RCA") == "1":
+        # only the name tests use: diffrax's own modules keep the real class
+        diffrax.RecursiveCheckpointAdjoint = CheckpointedAdjoint
