@@ -68,9 +68,8 @@ class StepTrace:
         # runtime rule violations seen in this step (only with the checks on)
         self.double_write = jnp.array(False)
         self.unwritten_read = jnp.array(False)
-        # (leaf, index, shape/dtype, fresh): `fresh` is false where the read saw a
-        # value this same step wrote, whose cotangent belongs to that write instead
-        self.reads: list[tuple[int, tuple, Any, Any]] = []
+        # (leaf, index, shape/dtype of the value read), per read in order
+        self.reads: list[tuple[int, Index, Any]] = []
         self.writes: list[Write] = []
 
     def read(self, leaf: int, index: Index):

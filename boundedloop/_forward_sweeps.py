@@ -35,10 +35,10 @@ def _within(step, max_steps):
     return True if max_steps is None else step < max_steps
 
 
-def _masks(layout):
-    """The buffer checks' state: which locations are written, and no violations."""
+def _masks(bufs):
+    """The buffer checks' state: which elements are written, and no violations."""
     none = jnp.array(False)
-    return tuple(jnp.zeros(s, bool) for s in layout.mask_shapes), (none, none)
+    return tuple(jnp.zeros(b.shape, bool) for b in bufs), (none, none)
 
 
 def _continue(loop, active, x, bufs, written):
@@ -97,7 +97,7 @@ def plain_sweep(loop: TracedLoop, config: "LoopConfig"):
         _progress.tick(meter, t + 1)
         return t + 1, x, bufs, written, _continue(loop, active, x, bufs, written)
 
-    written = None if loop.checked_body is None else _masks(loop.layout)
+    written = None if loop.checked_body is None else _masks(loop.bufs)
     active = jnp.asarray(loop.cond(loop.init, loop.bufs), bool)
     state = (jnp.array(0, jnp.int32), loop.init, loop.bufs, written, active)
     t, x, bufs, _, _ = varying_while_loop(masked_cond, masked_step, state)
@@ -146,7 +146,7 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
         zero,
         loop.init,
         loop.bufs,
-        None if loop.checked_body is None else _masks(loop.layout),
+        None if loop.checked_body is None else _masks(loop.bufs),
         jnp.asarray(loop.cond(loop.init, loop.bufs), bool),
         zero,
         _tape.empty(loop.init, slots),

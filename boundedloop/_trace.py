@@ -108,7 +108,6 @@ class Layout(eqx.Module):
     read_shapes: tuple = eqx.field(static=True)  # per read, in order
     read_leaves: tuple[int, ...] = eqx.field(static=True)  # buffer read, per read
     write_leaves: tuple[int, ...] = eqx.field(static=True)  # buffer written, per write
-    mask_shapes: tuple = eqx.field(static=True)  # per buffer, for the checks
     weak_out: tuple[bool, ...] = eqx.field(static=True, default=())  # per leaf
     # buffers the body hands to an inner loop
     shared: frozenset[int] = eqx.field(static=True, default=frozenset())
@@ -181,7 +180,7 @@ def trace_loop(cond_fun, body_fun, init_val, buffers_fn, name: str) -> TracedLoo
         () if buffers_fn is None else find_buffers(buffers_fn, dynamic, static, name)
     )
     leaves, treedef = jtu.tree_flatten(dynamic)
-    layout = Layout(treedef, static, buffer_pos, (), (), (), ())
+    layout = Layout(treedef, static, buffer_pos, (), (), ())
     x0, bufs0 = layout.split(leaves)
     out, (access, shared) = _shape_and_static(
         _buffer_access(body_fun, layout), x0, bufs0
@@ -218,7 +217,7 @@ def trace_loop(cond_fun, body_fun, init_val, buffers_fn, name: str) -> TracedLoo
     body = closure_convert(generic, example)
     checked = None
     if buffer_pos and buffer_checks_enabled():
-        masks = tuple(jnp.zeros(s, bool) for s in layout.mask_shapes)
+        masks = tuple(jnp.zeros(b.shape, bool) for b in bufs0)
         checked = closure_convert(
             generic, example._replace(written=(masks, (true, true)))
         )
@@ -259,7 +258,6 @@ def _buffer_access(body_fun, layout: "Layout"):
             tuple(shape for _, _, shape in trace.reads),
             tuple(leaf for leaf, _, _ in trace.reads),
             tuple(w.leaf for w in trace.writes),
-            tuple(b.shape for b in bufs),
         )
         return out, (access, frozenset(trace.shared))
 
