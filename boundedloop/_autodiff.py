@@ -27,6 +27,7 @@ from ._perturbation import has_tangent, Perturbed, perturbed_leaves
 from ._reverse_sweep import reverse_sweep
 from ._shard_map import vary_everywhere
 from ._step import ReversibleStep
+from ._loop_jvp import loop_jvp, Passes, Spec
 from ._tangent import forward_only, loop_tangent, replay_tangent
 from ._trace import Layout, TracedLoop
 
@@ -70,6 +71,79 @@ class _Residuals:
         return vary_everywhere(eqx.combine(arrays, self.static))
 
 
+class _LoopJVP:
+    """The loop's JVP in both forms `_loop_jvp.Passes` asks for, on flat lists: the
+    loop's arrays and the tangents of the `wanted` ones in, the final `(x, bufs)` and
+    the tangents of its `perturbed` leaves out."""
+
+    def __init__(self, loop: TracedLoop, config: LoopConfig, wanted, perturbed):
+        arrays, self.static = eqx.partition(loop, eqx.is_array)
+        self.leaves, self.treedef = jtu.tree_flatten(arrays)
+        self.config, self.wanted = config, wanted
+        self.out_perturbed = list(perturbed.x + perturbed.bufs)
+        self.perturbed = perturbed
+        outs = jtu.tree_leaves((loop.init, loop.bufs))
+        self.out_def = jtu.tree_structure((loop.init, loop.bufs))
+        t_avals = [jax.typeof(o) for o, p in zip(outs, self.out_perturbed) if p]
+        self.out_avals = tuple(jax.typeof(o) for o in outs) + tuple(t_avals)
+
+    def _loop(self, leaves) -> TracedLoop:
+        arrays = jtu.tree_unflatten(self.treedef, leaves)
+        return vary_everywhere(eqx.combine(arrays, self.static))
+
+
+    def one_pass(self, leaves, t_in) -> list:
+        """The JVP of `plain_sweep`: one sweep, each step's primal and tangent
+        together."""
+        loop = self._loop(leaves)
+        if loop.checked_body is not None:  # `bl.buffer_checks`: a debugging mode
+            return self.two_pass(leaves, t_in)
+        varying, fixed = eqx.partition(loop.differentiable(), self.wanted)
+        t_varying = jtu.tree_unflatten(jtu.tree_structure(varying), t_in)
+
+        def run(varying):
+            body, init, bufs = vary_everywhere(eqx.combine(varying, fixed))
+            plain = TracedLoop(body, loop.cond, None, init, bufs, loop.layout)
+            return plain_sweep(plain, self.config)
+
+        out, t_out = jax.jvp(run, (varying,), (t_varying,))
+        t_out = jtu.tree_leaves(t_out)
+        return jtu.tree_leaves(out) + [t for t, f in zip(t_out, self.out_perturbed) if f]
+
+    def two_pass(self, leaves, t_in) -> list:
+        """`checkpointed_sweep`, and the tangent as `loop_tangent` over its tape:
+        evaluated, the JVP of `replay_sweep`; transposed, `reverse_sweep`."""
+        loop, config, wanted = self._loop(leaves), self.config, self.wanted
+        out, tape = checkpointed_sweep(loop, config)
+        residuals = _Residuals(loop, tape)
+        out_perturbed, out_def = self.out_perturbed, self.out_def
+
+        def jvp_fn(res_leaves, t_in):
+            body, x, tape = residuals.unpack(res_leaves)
+            t_out = replay_tangent((body, x, tape), wanted, t_in, config.layout)
+            return [t for t, f in zip(jtu.tree_leaves(t_out), out_perturbed) if f]
+
+        def vjp_fn(res_leaves, cts):
+            body, _, tape = residuals.unpack(res_leaves)
+            cts = iter(cts)
+            ct_x, ct_bufs = jtu.tree_unflatten(
+                out_def, [next(cts) if f else None for f in out_perturbed]
+            )
+            step = ReversibleStep(body, config.layout, wanted[0], self.perturbed)
+            ct_in = reverse_sweep(step, tape, ct_x, ct_bufs, config)
+            return _pick(wanted, forward_only(ct_in))
+
+        t_out = loop_tangent(
+            residuals.leaves,
+            t_in,
+            jvp_fn=jvp_fn,
+            vjp_fn=vjp_fn,
+            out_avals=self.out_avals[len(jtu.tree_leaves(out)) :],
+            loop_effects=frozenset(loop.body.jaxpr.effects),
+        )
+        return jtu.tree_leaves(out) + list(t_out)
+
+
 @checkpointed_loop.def_jvp
 def _loop_jvp(primals, tangents):
     loop, config = primals
@@ -88,38 +162,18 @@ def _loop_jvp(primals, tangents):
         Perturbed(tuple(has_tangent(t_init)), tuple(has_tangent(t_bufs))),
         config.layout,
     )
-    out, tape = checkpointed_sweep(loop, config)
     # only perturbed leaves get tangents (see `_perturbation`)
-    out_perturbed = list(perturbed.x + perturbed.bufs)
-    out_def = jtu.tree_structure(out)
-    residuals = _Residuals(loop, tape)
-
-    def jvp_fn(res_leaves, t_in):
-        body, x, tape = residuals.unpack(res_leaves)
-        t_out = replay_tangent((body, x, tape), wanted, t_in, config.layout)
-        return [t for t, f in zip(jtu.tree_leaves(t_out), out_perturbed) if f]
-
-    def vjp_fn(res_leaves, cts):
-        body, _, tape = residuals.unpack(res_leaves)
-        cts = iter(cts)
-        ct_x, ct_bufs = jtu.tree_unflatten(
-            out_def, [next(cts) if f else None for f in out_perturbed]
-        )
-        step = ReversibleStep(body, config.layout, wanted[0], perturbed)
-        ct_in = reverse_sweep(step, tape, ct_x, ct_bufs, config)
-        return _pick(wanted, forward_only(ct_in))
-
-    t_out = loop_tangent(
-        residuals.leaves,
-        t_in,
-        jvp_fn=jvp_fn,
-        vjp_fn=vjp_fn,
-        out_avals=[
-            jax.typeof(o) for o, p in zip(jtu.tree_leaves(out), out_perturbed) if p
-        ],
-        loop_effects=frozenset(loop.body.jaxpr.effects),
+    jvp = _LoopJVP(loop, config, wanted, perturbed)
+    spec = Spec(
+        Passes(jvp.one_pass, jvp.two_pass),
+        n_primals=len(jvp.leaves),
+        n_outputs=jvp.out_def.num_leaves,
+        out_avals=jvp.out_avals,
+        effects=frozenset(loop.body.jaxpr.effects),
     )
-    t_out = iter(t_out)
+    results = loop_jvp(jvp.leaves, t_in, spec)
+    out = jtu.tree_unflatten(jvp.out_def, results[: jvp.out_def.num_leaves])
+    t_out = iter(results[jvp.out_def.num_leaves :])
     return out, jtu.tree_unflatten(
-        out_def, [next(t_out) if f else None for f in out_perturbed]
+        jvp.out_def, [next(t_out) if f else None for f in jvp.out_perturbed]
     )

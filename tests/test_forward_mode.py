@@ -261,9 +261,11 @@ def test_grad_of_grad_raises_a_clear_error():
         jax.grad(lambda x: jnp.sum(g(x)))(X0)
 
 
-def test_forward_mode_costs_one_tangent_pass():
-    """`jax.jvp` takes the steps once for the primal and once with tangents; it
-    makes no checkpoint recomputation (the tangent loop replays the steps)."""
+def test_forward_mode_is_one_pass():
+    """`jax.jvp` and `jax.jacfwd` take each step once, primal and tangent together
+    (as `lax.while_loop`'s JVP does); `jax.linearize` and `jax.grad` run the
+    checkpointed forward instead, whether the loop is jitted, under `jax.checkpoint`
+    or neither."""
     counter = Counter()
 
     def body(carry):
@@ -275,13 +277,26 @@ def test_forward_mode_costs_one_tangent_pass():
         init = (x, jnp.array(0), jnp.array(7))
         return bl.while_loop(cond, body, init, max_steps=64, checkpoints=2)[0]
 
-    jax.block_until_ready(jax.jit(lambda x, v: jax.jvp(f, (x,), (v,)))(X0, V))
-    assert counter.count == 14
-    counter.reset()
-    jax.block_until_ready(jax.jit(jax.grad(lambda x: jnp.sum(f(x))))(X0))
-    # grad linearizes and transposes: it never runs the tangent loop, only the
-    # checkpointed forward and the reverse sweep
-    assert counter.count == gradient_body_evaluations(7, 2)
+    def loss(x):
+        return jnp.sum(f(x))
+
+    def count(fn, *args):
+        counter.reset()
+        jax.block_until_ready(fn(*args))
+        return counter.count
+
+    assert count(jax.jit(lambda x, v: jax.jvp(f, (x,), (v,))), X0, V) == 7
+    assert count(jax.jit(jax.jacfwd(f)), X0) == 7
+    assert count(lambda x, v: jax.jvp(f, (x,), (v,)), X0, V) == 7
+    # linearize: the checkpointed forward, then the tangent loop replays the steps
+    assert count(lambda x, v: jax.linearize(f, x)[1](v), X0, V) == 14
+    # grad linearizes and transposes: the checkpointed forward and the reverse sweep
+    evals = gradient_body_evaluations(7, 2)
+    assert count(jax.jit(jax.grad(loss)), X0) == evals
+    assert count(jax.grad(jax.jit(loss)), X0) == evals
+    ref = jax.grad(lambda x: jnp.sum(reference(x, W, 7)))(X0)
+    for g in (jax.grad(jax.jit(loss)), jax.jit(jax.grad(jax.checkpoint(loss)))):
+        assert tree_allclose(g(X0), ref, rtol=1e-5, atol=1e-6)
 
 
 def test_forward_over_forward():

@@ -1,0 +1,197 @@
+"""The loop's JVP as one primitive that picks its sweeps by what is asked of it.
+
+`loop_jvp(primals, tangents, passes)` returns the loop's outputs and their tangents.
+It has two implementations, and JAX's own machinery chooses between them, as it does
+for `lax.while_loop`:
+
+- **one pass**, when the JVP is evaluated (`jax.jvp`, `jax.jacfwd`, forward over
+  forward): the JVP of `plain_sweep`, each step's primal and tangent computed
+  together, nothing stored. This is the primitive's implementation and lowering.
+- **two passes**, when the JVP is partially evaluated with the tangents unknown
+  (`jax.linearize`, and so `jax.grad`, `jax.vjp`, `jax.jacrev` and `jax.hessian`):
+  the checkpointed sweep now, and later the tangent as `_tangent.loop_tangent` over
+  its tape, which reverse mode transposes into the reverse sweep. The primitive's
+  partial-evaluation rules (one for `jax.linearize`'s tracer, one for jaxprs, as under
+  `jax.checkpoint`) trace this function in its place.
+
+Under `vmap` both are vmapped; the JVP of the primitive (forward over forward) is the
+primitive again, on the JVPs of both.
+"""
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.extend.core
+import jax.numpy as jnp
+from jax._src import api_util, core as jax_core, linear_util as lu
+from jax._src.interpreters import partial_eval as pe
+from jax.interpreters import ad, batching, mlir
+
+
+loop_jvp_p = jax.extend.core.Primitive("boundedloop_loop_jvp")
+loop_jvp_p.multiple_results = True
+
+
+class Passes(NamedTuple):
+    """The two implementations of the loop's JVP, each
+    `(primals, tangents) -> outputs + output tangents` on flat lists."""
+
+    one_pass: Callable
+    two_pass: Callable
+
+
+class Spec(NamedTuple):
+    """The primitive's one parameter."""
+
+    passes: Passes
+    n_primals: int  # operands: `n_primals` primals, then tangents
+    n_outputs: int  # results: `n_outputs` outputs, then tangents
+    out_avals: tuple
+    effects: frozenset
+
+
+def loop_jvp(primals: list, tangents: list, spec: Spec) -> list:
+    """Bind the loop's JVP.
+
+    **Arguments:**
+
+    - `primals`: the loop's arrays.
+    - `tangents`: the tangents of those that are perturbed.
+    - `spec`: the `Spec`, whose `passes` take `(primals, tangents)`.
+
+    **Returns:**
+
+    The outputs, then the tangents of those that are perturbed.
+    """
+    return loop_jvp_p.bind(*primals, *tangents, spec=spec)
+
+
+def _impl(*args, spec):
+    return spec.passes.one_pass(list(args[: spec.n_primals]), list(args[spec.n_primals :]))
+
+
+def _abstract_eval(*args, spec):
+    del args
+    return list(spec.out_avals), spec.effects
+
+
+def _tangent_unknown(unknown, spec) -> bool:
+    return any(unknown[spec.n_primals :])
+
+
+def _partial_eval(trace, *tracers, spec):
+    """`jax.linearize`'s rule: two passes when a tangent is unknown."""
+    if not _tangent_unknown([not t.pval.is_known() for t in tracers], spec):
+        return trace.default_process_primitive(loop_jvp_p, tracers, dict(spec=spec))
+    # the checkpointed sweep's operands are known, so it runs now; the tangent
+    # primitive's are not, so it is staged for later (and for transposition)
+    primals, tangents = tracers[: spec.n_primals], tracers[spec.n_primals :]
+    with jax_core.set_current_trace(trace):
+        return spec.passes.two_pass(list(primals), list(tangents))
+
+
+def _as_closed_call(eqn, fn):
+    """`eqn` as a `closed_call` of `fn`, traced on its operands' types."""
+    n_primals = eqn.params["spec"].n_primals
+    avals = [v.aval for v in eqn.invars]
+
+    def flat(*args):
+        return fn(list(args[:n_primals]), list(args[n_primals:]))
+
+    debug = api_util.debug_info("boundedloop_loop_jvp", flat, tuple(avals), {})
+    wrapped = lu.wrap_init(flat, debug_info=debug)
+    jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(wrapped, avals)
+    closed = jax_core.ClosedJaxpr(jaxpr, consts)
+    return eqn.replace(
+        primitive=jax_core.closed_call_p,
+        params=dict(call_jaxpr=closed),
+        effects=closed.effects,
+    )
+
+
+def _partial_eval_custom(saveable, unks_in, inst_in, eqn):
+    """The jaxpr rule (`jax.checkpoint`, partial evaluation of a staged jaxpr): the
+    pass `_partial_eval` would pick, as a call that JAX splits further."""
+    spec = eqn.params["spec"]
+    pick = spec.passes.two_pass if _tangent_unknown(unks_in, spec) else spec.passes.one_pass
+    rule = pe.partial_eval_jaxpr_custom_rules[jax_core.closed_call_p]
+    return rule(saveable, unks_in, inst_in, _as_closed_call(eqn, pick))
+
+
+def _inexact(aval) -> bool:
+    return jnp.issubdtype(aval.dtype, jnp.inexact)
+
+
+def _lift(fn, spec: Spec, nonzero):
+    """`fn`'s JVP, in the same form: primals (`fn`'s operands), then the tangents of
+    those that are `nonzero`, in; outputs then the tangents of the inexact ones, out."""
+    where = [k for k, nz in enumerate(nonzero) if nz]
+
+    def lifted(primals, tangents):
+        def at(moving):
+            args = list(primals)
+            for k, m in zip(where, moving):
+                args[k] = m
+            return fn(args[: spec.n_primals], args[spec.n_primals :])
+
+        moving = [primals[k] for k in where]
+        out, t_out = jax.jvp(at, (moving,), (list(tangents),))
+        return list(out) + [t for a, t in zip(spec.out_avals, t_out) if _inexact(a)]
+
+    return lifted
+
+
+def _jvp(primals, tangents, *, spec):
+    nonzero = [type(t) is not ad.Zero for t in tangents]
+    inexact = [_inexact(a) for a in spec.out_avals]
+    n_out = len(spec.out_avals)
+    if not any(nonzero):
+        out = loop_jvp_p.bind(*primals, spec=spec)
+        return out, [ad.Zero(a.to_tangent_aval()) for a in spec.out_avals]
+    passes = spec.passes
+    lifted = Spec(
+        Passes(_lift(passes.one_pass, spec, nonzero), _lift(passes.two_pass, spec, nonzero)),
+        n_primals=len(primals),
+        n_outputs=n_out,
+        out_avals=spec.out_avals
+        + tuple(a.to_tangent_aval() for a, f in zip(spec.out_avals, inexact) if f),
+        effects=spec.effects,
+    )
+    both = loop_jvp(list(primals), [t for t in tangents if type(t) is not ad.Zero], lifted)
+    t_out = iter(both[n_out:])
+    return both[:n_out], [
+        next(t_out) if f else ad.Zero(a.to_tangent_aval())
+        for a, f in zip(spec.out_avals, inexact)
+    ]
+
+
+def _batch(args, dims, *, spec):
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    args = [a if d is None else batching.bdim_at_front(a, d, size) for a, d in zip(args, dims)]
+    axes = [None if d is None else 0 for d in dims]
+    # the outputs depend on the primals only, their tangents on everything
+    batched_primals = any(a == 0 for a in axes[: spec.n_primals])
+    n_tangents = len(spec.out_avals) - spec.n_outputs
+    out_axes = [0 if batched_primals else None] * spec.n_outputs + [0] * n_tangents
+    in_axes = (axes[: spec.n_primals], axes[spec.n_primals :])
+
+    def batched(fn):
+        return jax.vmap(fn, in_axes=in_axes, out_axes=out_axes)
+
+    out_avals = tuple(
+        a if ax is None else jax.extend.core.unmapped_aval(size, 0, a)
+        for a, ax in zip(spec.out_avals, out_axes)
+    )
+    passes = Passes(batched(spec.passes.one_pass), batched(spec.passes.two_pass))
+    batched_spec = spec._replace(passes=passes, out_avals=out_avals)
+    return loop_jvp_p.bind(*args, spec=batched_spec), out_axes
+
+
+loop_jvp_p.def_impl(_impl)
+loop_jvp_p.def_effectful_abstract_eval(_abstract_eval)
+mlir.register_lowering(loop_jvp_p, mlir.lower_fun(_impl, multiple_results=True))
+ad.primitive_jvps[loop_jvp_p] = _jvp
+batching.primitive_batchers[loop_jvp_p] = _batch
+pe.custom_partial_eval_rules[loop_jvp_p] = _partial_eval
+pe.partial_eval_jaxpr_custom_rules[loop_jvp_p] = _partial_eval_custom
