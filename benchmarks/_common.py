@@ -86,6 +86,36 @@ class EvalCounter:
         self.count += 1
 
 
+class WhileIterationCounter:
+    """Counts every `lax.while_loop` iteration (body run) of the programs traced
+    inside `with counter:`, through a `jax.debug.callback` in each loop body: the
+    loops' control iterations."""
+
+    def __init__(self):
+        self.count = 0
+        self._original = None
+
+    def __enter__(self):
+        self._original = original = jax.lax.while_loop
+
+        def counted(cond_fun, body_fun, init_val):
+            def body(carry):
+                # a loop-carried operand: the callback stays inside the loop
+                jax.debug.callback(self._tick, jax.tree.leaves(carry)[0])
+                return body_fun(carry)
+
+            return original(cond_fun, body, init_val)
+
+        jax.lax.while_loop = counted
+        return self
+
+    def __exit__(self, *exc):
+        jax.lax.while_loop = self._original
+
+    def _tick(self, value):
+        self.count += 1
+
+
 def mlp_weights(width=1024, seed=0):
     k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
     scale = 1.0 / jnp.sqrt(width)

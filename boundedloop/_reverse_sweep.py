@@ -2,11 +2,12 @@
 
 Once the forward sweep has ended the trip count is known, so each segment between
 stored checkpoints is reversed offline-optimally (Griewank and Walther's binomial
-schedule, `_schedule.revolve_split`). The sweep is two nested `lax.while_loop`s: each
-outer iteration reverses one step (a vector-Jacobian product), after an inner loop
-that advances from the nearest checkpoint to that step (forward evaluations only,
-storing the checkpoints the schedule places on the way). `_schedule.reverse_events` is
-its pure-Python twin.
+schedule, `_schedule.revolve_split`). Each iteration of the sweep's loop reverses
+one step (a vector-Jacobian product), after recomputing that step's input from the
+nearest checkpoint: a loop over the checkpoints the schedule stores on the way, each
+reached by a tight loop of forward steps, so the schedule's arithmetic runs once per
+stored checkpoint rather than once per step. `_schedule.reverse_events` is its
+pure-Python twin.
 
 The checkpoints form a stack ordered by position. `order[:depth]` are the slots in
 use, bottom to top; `order[depth:]` are free. The top segment `[order_pos[top],
@@ -62,13 +63,12 @@ def split_rule(slots: int, max_length: int) -> Callable:
     def split(length, k):
         k = jnp.clip(k, 1, slots)
         # the repetition number: the first r with C(k + r, k) >= length (clipped:
-        # still valid). A scalar while loop compiles several times faster than a
-        # reduction over the row, and takes a few iterations for k >= 3.
-        r = lax.while_loop(
-            lambda r: (r < last) & (table[k, r] < length),
-            lambda r: r + 1,
-            jnp.array(0, jnp.int32),
-        )
+        # still valid): the row increases, so r counts its entries below `length`.
+        # One vectorized compare; measured faster than a scalar while loop or an
+        # unrolled binary search, and it adds no loop iterations.
+        row = lax.dynamic_index_in_dim(table, k, keepdims=False)
+        r = jnp.sum(row < length, dtype=jnp.int32)
+        r = jnp.minimum(r, last)
         r1 = jnp.maximum(r - 1, 0)
         general = jnp.minimum(table[k, r1], length - table[k - 1, r1])
         out = jnp.where(k == 1, length - 1, general)
@@ -96,7 +96,7 @@ class ReverseState(NamedTuple):
 
 
 class Recompute(NamedTuple):
-    """The inner loop's carry: advancing from a checkpoint at `i` to `end - 1`."""
+    """The recomputation's carry: advancing from a checkpoint at `i` to `end - 1`."""
 
     i: Int[Array, ""]
     end: Int[Array, ""]
@@ -125,35 +125,51 @@ class _Sweep:
         depth = jnp.sum(positions != _tape.UNUSED).astype(jnp.int32)
         return Stack(depth, positions[self.order], self.tape.storage)
 
-    def recompute_step(self, state: Recompute) -> Recompute:
-        """One forward step, storing a checkpoint where the schedule places one."""
-        i, end, target, (depth, order_pos, storage), x = state
-        # elements whose loop had already stopped at step i do not move
-        active = i < self.tape.trips
-        x = select_if_batched(active, self.step.forward(x, self.tape.bufs, active), x)
-        i = i + 1
-        push = (i == target) & (i < end - 1)
+    def advance(self, i, stop, x):
+        """`x_stop` from `x_i`: forward steps only, nothing else in the loop."""
+
+        def step(state):
+            i, x = state
+            # elements whose loop had already stopped at step i do not move
+            active = i < self.tape.trips
+            new_x = self.step.forward(x, self.tape.bufs, active)
+            return i + 1, select_if_batched(active, new_x, x)
+
+        return varying_while_loop(lambda s: s[0] < stop, step, (i, x))
+
+    def next_target(self, i, end, depth):
+        """Where the binomial schedule stores the next checkpoint, or `end - 1`."""
+        target = i + jnp.maximum(self.split(end - i, self.slots - (depth - 1)), 1)
+        return jnp.minimum(target, end - 1)
+
+    def store_next(self, state: Recompute) -> Recompute:
+        """Advance to the next store event (before `end - 1`) and store there."""
+        i, x = self.advance(state.i, state.target, state.x)
+        depth, order_pos, storage = state.stack
         free = jnp.minimum(depth, self.slots - 1)
-        storage = _tape.store(storage, self.order[free], x, push)
-        order_pos = order_pos.at[free].set(jnp.where(push, i, order_pos[free]))
-        depth = depth + push.astype(jnp.int32)
-        # computed every step: a `lax.cond` on `push` makes the loop slower
-        planned = i + self.split(end - i, self.slots - (depth - 1))
-        target = jnp.where(push, planned, target)
-        return Recompute(i, end, target, Stack(depth, order_pos, storage), x)
+        storage = _tape.store(storage, self.order[free], x)
+        order_pos = order_pos.at[free].set(i)
+        stack = Stack(depth + 1, order_pos, storage)
+        target = self.next_target(i, state.end, depth + 1)
+        return Recompute(i, state.end, target, stack, x)
 
     @jax.named_scope("boundedloop_recompute")
     def recompute(self, end, stack: Stack) -> Recompute:
         """Advance from the top checkpoint to step `end - 1`, storing the
-        checkpoints the binomial schedule places on the way (forward steps only)."""
+        checkpoints the binomial schedule places on the way (forward steps only):
+        tight loops of steps between store events, the schedule's arithmetic once
+        per event."""
         top = jnp.maximum(stack.depth - 1, 0)
         i = stack.order_pos[top]
         x = _tape.load(stack.storage, self.order[top])
         if self.every_step_stored:  # the segment is one step long
             return Recompute(i, end, i, stack, x)
-        target = i + self.split(end - i, self.slots - top)
-        state = Recompute(i, end, target, stack, x)
-        return varying_while_loop(lambda s: s.i < s.end - 1, self.recompute_step, state)
+        state = Recompute(i, end, self.next_target(i, end, top + 1), stack, x)
+        state = varying_while_loop(
+            lambda s: s.target < s.end - 1, self.store_next, state
+        )
+        i, x = self.advance(state.i, end - 1, state.x)
+        return state._replace(i=i, x=x)
 
     def reverse_step(self, state: ReverseState) -> ReverseState:
         """Reverse step `end - 1`, recomputing its input first."""
