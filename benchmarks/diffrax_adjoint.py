@@ -1,14 +1,20 @@
 """diffrax's `diffeqsolve` on `boundedloop.diffrax.CheckpointedAdjoint` against
 diffrax's own adjoints, side by side in one process.
 
-    python benchmarks/diffrax_adjoint.py [--rounds 20] [--out FILE]
+    python benchmarks/diffrax_adjoint.py [--workload neural|long] [--rounds 20] [--out FILE]
 
-A neural ODE (an MLP of width 64 and depth 2 on a state of 8, plus a rotation term;
-Tsit5 with a PID controller at rtol = atol = 1e-5; t in [0, 10]; SaveAt(t1)); the
-gradient is with respect to the MLP. Reported per adjoint: gradient time (medians of
-interleaved rounds after warm-up), trace + lower and XLA compile times separately,
-compiled temporary memory; and `jax.jvp` / `jax.jacfwd` time against `ForwardMode`.
-Prints markdown tables; ratios are within this run.
+Workloads (Tsit5 with a PID controller at rtol = atol = 1e-5, SaveAt(t1), gradient
+with respect to the vector field's parameters):
+
+- `neural`: a neural ODE, an MLP of width 64 and depth 2 on a state of 8 plus a
+  rotation term of rate 4.5, t in [0, 10] (about 110 steps), max_steps 4096;
+- `long`: a small one, an MLP of width 16 on a state of 2 plus a rotation of rate 20,
+  t in [0, 150] (about 7900 steps), max_steps 16384.
+
+Reported per adjoint: gradient time (medians of interleaved rounds after warm-up),
+trace + lower and XLA compile times separately, compiled temporary memory, steps
+taken; and `jax.jvp` / `jax.jacfwd` time against `ForwardMode`. Prints markdown
+tables; ratios are within this run.
 """
 
 import argparse
@@ -17,6 +23,7 @@ import pathlib
 import random
 import statistics
 import time
+from typing import NamedTuple
 
 import diffrax
 import equinox as eqx
@@ -27,7 +34,26 @@ from _common import temp_bytes
 from boundedloop.diffrax import CheckpointedAdjoint
 
 
-STATE, WIDTH, DEPTH, MAX_STEPS = 8, 64, 2, 4096
+class Workload(NamedTuple):
+    state: int
+    width: int
+    depth: int
+    rotation: float
+    t1: float
+    max_steps: int
+
+
+WORKLOADS = {
+    "neural": Workload(8, 64, 2, 4.5, 10.0, 4096),
+    "long": Workload(2, 16, 1, 20.0, 150.0, 16384),
+}
+STATE, WIDTH, DEPTH, ROTATION, T1, MAX_STEPS = WORKLOADS["neural"]
+
+
+def use(workload: Workload):
+    """Make `workload` the one the functions below build."""
+    global STATE, WIDTH, DEPTH, ROTATION, T1, MAX_STEPS
+    STATE, WIDTH, DEPTH, ROTATION, T1, MAX_STEPS = workload
 
 
 class Field(eqx.Module):
@@ -43,7 +69,7 @@ def make_field():
         STATE, STATE, WIDTH, DEPTH, activation=jnp.tanh, key=jax.random.key(0)
     )
     angle = jnp.eye(STATE, k=1) - jnp.eye(STATE, k=-1)
-    return Field(mlp, 0.5 * angle)
+    return Field(mlp, ROTATION * angle)
 
 
 def solve(field, y0, adjoint):
@@ -51,7 +77,7 @@ def solve(field, y0, adjoint):
         diffrax.ODETerm(field),
         diffrax.Tsit5(),
         0.0,
-        10.0,
+        T1,
         0.1,
         y0,
         stepsize_controller=diffrax.PIDController(rtol=1e-5, atol=1e-5),
@@ -77,9 +103,13 @@ def compile_parts(fn, *args):
 
 def main():
     parser = argparse.ArgumentParser()
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="neural")
     parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--out", default="benchmarks/results/diffrax_adjoint.json")
+    parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    use(WORKLOADS[args.workload])
+    if args.out is None:
+        args.out = f"benchmarks/results/diffrax_adjoint_{args.workload}.json"
     field, y0 = make_field(), jnp.linspace(-1.0, 1.0, STATE)
     params, static = eqx.partition(field, eqx.is_inexact_array)
     steps = int(
@@ -108,7 +138,6 @@ def main():
             grad_of(diffrax.RecursiveCheckpointAdjoint(checkpoints=16)),
             (params, y0),
         ),
-        ("grad", "DirectAdjoint()"): (grad_of(diffrax.DirectAdjoint()), (params, y0)),
         ("grad", "CheckpointedAdjoint()"): (
             grad_of(CheckpointedAdjoint()),
             (params, y0),
@@ -126,6 +155,11 @@ def main():
         ("jacfwd", "ForwardMode()"): (jacfwd_of(diffrax.ForwardMode()), (y0,)),
         ("jacfwd", "CheckpointedAdjoint()"): (jacfwd_of(CheckpointedAdjoint()), (y0,)),
     }
+    if args.workload == "neural":  # its compile grows with max_steps
+        cases[("grad", "DirectAdjoint()")] = (
+            grad_of(diffrax.DirectAdjoint()),
+            (params, y0),
+        )
     compiled, rows = {}, {}
     for key, (fn, fn_args) in cases.items():
         trace_s, compile_s, exe = compile_parts(fn, *fn_args)
@@ -160,7 +194,7 @@ def main():
     }
     print()
     print(
-        f"Neural ODE, {steps} steps taken, max_steps={MAX_STEPS}; medians of "
+        f"{args.workload} ODE {WORKLOADS[args.workload]}, {steps} steps taken, max_steps={MAX_STEPS}; medians of "
         f"{args.rounds} interleaved rounds; ratios to diffrax's adjoint for the mode "
         "(RecursiveCheckpointAdjoint() for grad, ForwardMode() for jvp/jacfwd)."
     )

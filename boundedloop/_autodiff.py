@@ -18,10 +18,13 @@ a weight matrix nobody differentiates costs nothing. Integer and boolean leaves 
 none. Arrays the predicate closes over get none (it is piecewise constant).
 """
 
+import dataclasses
+
 import equinox as eqx
 import jax
 import jax.tree_util as jtu
 
+from ._checks import check_stopped
 from ._forward_sweeps import checkpointed_sweep, plain_sweep
 from ._perturbation import has_tangent, Perturbed, perturbed_leaves
 from ._reverse_sweep import reverse_sweep
@@ -101,14 +104,20 @@ class _LoopJVP:
         varying, fixed = eqx.partition(loop.differentiable(), self.wanted)
         t_varying = jtu.tree_unflatten(jtu.tree_structure(varying), t_in)
 
+        # `bl.max_steps_check`'s error is attached below, to the tangents as well
+        unchecked = dataclasses.replace(self.config, stop_check=None)
+
         def run(varying):
             body, init, bufs = vary_everywhere(eqx.combine(varying, fixed))
             plain = TracedLoop(body, loop.cond, None, init, bufs, loop.layout)
-            return plain_sweep(plain, self.config)
+            return plain_sweep(plain, unchecked)
 
-        out, t_out = jax.jvp(run, (varying,), (t_varying,))
-        t_out = jtu.tree_leaves(t_out)
-        return jtu.tree_leaves(out) + [t for t, f in zip(t_out, self.out_perturbed) if f]
+        (x, bufs), t_out = jax.jvp(run, (varying,), (t_varying,))
+        t_out = [t for t, f in zip(jtu.tree_leaves(t_out), self.out_perturbed) if f]
+        if self.config.stop_check is not None:
+            name, max_steps = self.config.stop_check, self.config.max_steps
+            x, bufs, t_out = check_stopped(loop, (x, bufs, t_out), name, max_steps)
+        return jtu.tree_leaves((x, bufs)) + t_out
 
     def two_pass(self, leaves, t_in) -> list:
         """`checkpointed_sweep`, and the tangent as `loop_tangent` over its tape:
