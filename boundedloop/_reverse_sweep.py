@@ -66,8 +66,7 @@ def split_rule(slots: int, max_length: int) -> Callable:
         # still valid): the row increases, so r counts its entries below `length`.
         # One vectorized compare; measured faster than a scalar while loop or an
         # unrolled binary search, and it adds no loop iterations.
-        row = lax.dynamic_index_in_dim(table, k, keepdims=False)
-        r = jnp.sum(row < length, dtype=jnp.int32)
+        r = jnp.sum(table[k] < length, dtype=jnp.int32)
         r = jnp.minimum(r, last)
         r1 = jnp.maximum(r - 1, 0)
         general = jnp.minimum(table[k, r1], length - table[k - 1, r1])
@@ -112,7 +111,9 @@ class _Sweep:
         self.step = step
         self.tape = tape
         self.slots = config.checkpoints
-        self.split = split_rule(self.slots, planning_horizon(config.max_steps))
+        # as wide as the longest horizon whatever `max_steps` is: the split reads a
+        # row of it, so a narrower one would make temporary memory depend on it
+        self.split = split_rule(self.slots, planning_horizon(None))
         # the forward stored every state: nothing to recompute, no inner loop
         self.every_step_stored = (
             config.max_steps is not None and config.checkpoints >= config.max_steps

@@ -1,0 +1,142 @@
+"""Trace, lower and XLA compile time of one gradient, over checkpoint counts and
+max_steps, against equinox's checkpointed while loop.
+
+    python benchmarks/compile_grid.py [--out FILE] > benchmarks/results/compile_grid.txt
+
+The loop is `cheap_steps.py`'s Euler step (width 32); the gradient is with respect to
+(W, b, x0). Every cell is traced from scratch: boundedloop's planning caches are
+cleared first, so a cell's trace time includes planning the checkpoint placement, as
+a program's first trace does. Each cell is measured `--repeats` times (fresh
+function objects each time) and the minimum kept.
+"""
+
+import argparse
+import json
+import pathlib
+import time
+
+import equinox.internal as eqxi
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import boundedloop as bl
+from boundedloop import _schedule
+
+
+WIDTH = 32
+CHECKPOINTS = [2, 16, 64, 1000, 10**6]
+MAX_STEPS = [64, 4096, None]
+
+
+def make(kind, checkpoints, max_steps):
+    def loss(w, b, x0, steps):
+        def body(carry):
+            x, i = carry
+            return x + 0.01 * jnp.tanh(w @ x + b), i + 1
+
+        cond = lambda c: c[1] < steps  # noqa: E731
+        init = (x0, jnp.array(0))
+        if kind == "boundedloop":
+            out = bl.while_loop(
+                cond, body, init, max_steps=max_steps, checkpoints=checkpoints
+            )
+        else:
+            out = eqxi.while_loop(
+                cond,
+                body,
+                init,
+                max_steps=max_steps,
+                kind="checkpointed",
+                checkpoints=checkpoints,
+            )
+        return jnp.sum(out[0] ** 2)
+
+    return jax.grad(loss, argnums=(0, 1, 2))
+
+
+def clear_caches():
+    for name in dir(_schedule):
+        fn = getattr(_schedule, name)
+        if hasattr(fn, "cache_clear"):
+            fn.cache_clear()
+    jax.clear_caches()
+
+
+def measure(kind, checkpoints, max_steps, args):
+    clear_caches()
+    t0 = time.perf_counter()
+    traced = jax.jit(make(kind, checkpoints, max_steps)).trace(*args)
+    t1 = time.perf_counter()
+    lowered = traced.lower()
+    t2 = time.perf_counter()
+    compiled = lowered.compile()
+    t3 = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    return {"trace_s": t1 - t0, "lower_s": t2 - t1, "compile_s": t3 - t2}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--out", default="benchmarks/results/compile_grid.json")
+    args = parser.parse_args()
+    kw, kb, kx = jax.random.split(jax.random.key(0), 3)
+    a = (
+        jax.random.normal(kw, (WIDTH, WIDTH)) / np.sqrt(WIDTH),
+        0.1 * jax.random.normal(kb, (WIDTH,)),
+        jax.random.normal(kx, (WIDTH,)),
+        jnp.array(50, jnp.int32),
+    )
+    rows = []
+    for c in CHECKPOINTS:
+        for m in MAX_STEPS:
+            for kind in ("boundedloop", "equinox"):
+                row = {"kind": kind, "checkpoints": c, "max_steps": m}
+                try:
+                    runs = [measure(kind, c, m, a) for _ in range(args.repeats)]
+                    for key in runs[0]:
+                        row[key] = min(r[key] for r in runs)
+                    row["total_s"] = row["trace_s"] + row["lower_s"] + row["compile_s"]
+                except Exception as e:  # noqa: BLE001
+                    row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+                rows.append(row)
+                print(row, flush=True)
+    print()
+    print(
+        f"Gradient of the Euler loop (width {WIDTH}); seconds, each the minimum of "
+        f"{args.repeats} cold traces; ratio = (trace+lower+compile) ours / equinox."
+    )
+    print()
+    print(
+        "| checkpoints | max_steps | ours trace | ours lower | ours compile | "
+        "equinox trace | equinox lower | equinox compile | ratio |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for ours, eqx_row in zip(rows[0::2], rows[1::2]):
+
+        def cells(r):
+            if "error" in r:
+                return ["error", "", ""]
+            return [f"{r[k]:.2f}" for k in ("trace_s", "lower_s", "compile_s")]
+
+        ratio = (
+            f"{ours['total_s'] / eqx_row['total_s']:.2f}"
+            if "total_s" in ours and "total_s" in eqx_row
+            else ""
+        )
+        print(
+            f"| {ours['checkpoints']} | {ours['max_steps']} | "
+            + " | ".join(cells(ours) + cells(eqx_row))
+            + f" | {ratio} |"
+        )
+    errors = [r for r in rows if "error" in r]
+    for r in errors:
+        print(f"\n{r['kind']} checkpoints={r['checkpoints']} max_steps={r['max_steps']}: {r['error']}")
+    path = pathlib.Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"repeats": args.repeats, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
