@@ -26,7 +26,7 @@ import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _common import compile_time, EvalCounter, temp_bytes
+from _common import compile_time, EvalCounter, temp_bytes, WhileIterationCounter
 from jax import lax
 
 import boundedloop as bl
@@ -81,12 +81,14 @@ def make(kind, n, counter=None):
 
 
 def count_evals(kind, n, args):
+    """(body evaluations, while-loop iterations) in one gradient."""
     counter = EvalCounter()
-    counted = jax.jit(make(kind, n, counter))
+    with WhileIterationCounter() as control:
+        counted = jax.jit(make(kind, n, counter))
+        jax.block_until_ready(counted(*args))
+    counter.count = control.count = 0
     jax.block_until_ready(counted(*args))
-    counter.count = 0
-    jax.block_until_ready(counted(*args))
-    return counter.count
+    return counter.count, control.count
 
 
 def max_abs_diff(a, b):
@@ -131,12 +133,14 @@ def main():
             grads = jax.block_until_ready(compiled(*a))  # warm-up
             if kind == IDEAL:
                 reference = grads
+            evals, control = count_evals(kind, n, a)
             row = {
                 "kind": kind,
                 "n": n,
                 "grad_compile_s": ct,
                 "grad_temp_bytes": temp_bytes(compiled),
-                "body_evals_per_grad": count_evals(kind, n, a),
+                "body_evals_per_grad": evals,
+                "control_iterations": control,
                 "_grads": grads,
             }
             rows.append(row)
@@ -172,13 +176,20 @@ def main():
         f"medians of {rounds} interleaved rounds; ratios within this run."
     )
     print()
-    print("| loop | n | grad ms | over ideal | body evals | evals / 2n | temp bytes |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| loop | n | grad ms | over ideal | body evals | evals / 2n | "
+        "while iterations | iterations / evals | temp bytes |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
+        # `lax.scan` is not a `lax.while_loop`: its iterations are not counted
+        control = row["control_iterations"] if row["kind"] != IDEAL else None
+        ratio = "" if control is None else f"{control / row['body_evals_per_grad']:.2f}"
         print(
             f"| {row['kind']} | {row['n']} | {1e3 * row['grad_s']:.3f} | "
             f"{row['grad_over_ideal']:.2f} | {row['body_evals_per_grad']} | "
-            f"{row['evals_over_2n']:.2f} | {row['grad_temp_bytes']} |"
+            f"{row['evals_over_2n']:.2f} | {control or ''} | {ratio} | "
+            f"{row['grad_temp_bytes']} |"
         )
     print()
     print("| loop | n | compile s | max abs diff vs ideal |")

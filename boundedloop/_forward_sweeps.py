@@ -133,7 +133,8 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
             slot, when = plan_slots[cursor], t == plan_steps[cursor]
             cursor = cursor + when.astype(jnp.int32)
         storage = _tape.store(storage, slot, x, when)
-        positions = positions.at[slot].set(jnp.where(when, t, positions[slot]))
+        if plan is not None:  # else slot t holds x_t: positions are set at the end
+            positions = positions.at[slot].set(jnp.where(when, t, positions[slot]))
         new_x, bufs, written = advance(body, loop.layout, x, bufs, active, written)
         x = select_if_batched(active, new_x, x)
         trips = trips + active.astype(jnp.int32)
@@ -157,6 +158,9 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
         cond, step, state
     )
     _progress.done(meter, length)
+    if plan is None:
+        steps = jnp.arange(slots, dtype=jnp.int32)
+        positions = jnp.where(steps < length, steps, _tape.UNUSED)
     # the check travels with the trip count too, which every backward pass reads
     x, bufs, length = _finish(loop, config, (x, bufs, length))
     return (x, bufs), Tape(storage, positions, trips, length, bufs)

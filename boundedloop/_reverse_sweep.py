@@ -163,8 +163,6 @@ class _Sweep:
         top = jnp.maximum(stack.depth - 1, 0)
         i = stack.order_pos[top]
         x = _tape.load(stack.storage, self.order[top])
-        if self.every_step_stored:  # the segment is one step long
-            return Recompute(i, end, i, stack, x)
         state = Recompute(i, end, self.next_target(i, end, top + 1), stack, x)
         state = varying_while_loop(
             lambda s: s.target < s.end - 1, self.store_next, state
@@ -174,7 +172,11 @@ class _Sweep:
 
     def reverse_step(self, state: ReverseState) -> ReverseState:
         """Reverse step `end - 1`, recomputing its input first."""
-        at = self.recompute(state.end, state.stack)
+        if self.every_step_stored:  # slot t holds x_t: no stack to keep
+            i = state.end - 1
+            at = Recompute(i, state.end, i, state.stack, _tape.load(self.tape.storage, i))
+        else:
+            at = self.recompute(state.end, state.stack)
         # elements whose loop had already stopped there pass `ct` through unchanged
         active = at.i < self.tape.trips
         pullback = self.step.vjp(at.x, self.tape.bufs, state.ct_bufs, active)
@@ -208,6 +210,8 @@ class _Sweep:
         # drop the top checkpoint once its segment is done
         end = state.end - 1
         stack = at.stack
+        if self.every_step_stored:
+            return ReverseState(end, stack, ct, ct_bufs, ct_body)
         done = end == stack.order_pos[jnp.maximum(stack.depth - 1, 0)]
         stack = stack._replace(depth=stack.depth - done.astype(jnp.int32))
         return ReverseState(end, stack, ct, ct_bufs, ct_body)
