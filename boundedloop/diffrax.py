@@ -102,6 +102,18 @@ def _stage_loops_on_boundedloop():
             _runge_kutta.eqxi = original
 
 
+def _checkpoints(checkpoints: int | None, max_steps: int | None) -> int | None:
+    """`checkpoints`, or where it is `None` the budget of `RecursiveCheckpointAdjoint`'s
+    default: the fewest `c` with `(c + 1)(c + 2) / 2 > max_steps`, so that every trip
+    count up to `max_steps` is reversed with each step recomputed at most twice."""
+    if checkpoints is not None or max_steps is None:
+        return checkpoints
+    c = 1
+    while (c + 1) * (c + 2) // 2 <= max_steps:
+        c += 1
+    return c
+
+
 class CheckpointedAdjoint(diffrax.AbstractAdjoint):
     """Differentiate `diffrax.diffeqsolve` through `bl.while_loop`: checkpointed
     reverse mode with near-optimal recomputation, forward mode and forward-over-
@@ -115,8 +127,12 @@ class CheckpointedAdjoint(diffrax.AbstractAdjoint):
     **Arguments:**
 
     - `checkpoints`: copies of the solver state the backward pass may hold, as
-        `bl.while_loop`'s `checkpoints`. `None` picks its default from
-        `max_steps` (16 for `max_steps=4096`, and 16 for `max_steps=None`).
+        `bl.while_loop`'s `checkpoints`. `None` gives the memory budget of
+        `diffrax.RecursiveCheckpointAdjoint()`'s default, the fewest `c` with
+        `(c + 1)(c + 2) / 2 > max_steps` (90 for `max_steps=4096`), so that switching
+        adjoints keeps the memory and the recomputation; with `max_steps=None`
+        (which `RecursiveCheckpointAdjoint()` refuses) it is `bl.while_loop`'s
+        default, 16.
     """
 
     checkpoints: int | None = None
@@ -150,7 +166,7 @@ class CheckpointedAdjoint(diffrax.AbstractAdjoint):
                 solver=_with_stage_kind(solver),
                 inner_while_loop=_inner_loop,
                 outer_while_loop=functools.partial(
-                    _outer_loop, checkpoints=self.checkpoints
+                    _outer_loop, checkpoints=_checkpoints(self.checkpoints, max_steps)
                 ),
                 **kwargs,
             )
