@@ -3,7 +3,7 @@
     python benchmarks/plots.py [--no-schedule]
 
 Reads `benchmarks/results/*.txt` and `*.json` (written by `while_loop.py`,
-`recomputation.py` and `buffers.py`), writes PNGs into `docs/images/` and the
+`recomputation.py`, `buffers.py` and `diffrax_adjoint.py`), writes PNGs into `docs/images/` and the
 markdown tables the performance page includes into `docs/generated/`.
 """
 
@@ -279,6 +279,45 @@ def schedule(n=40, slots=4):
     fig.savefig(IMAGES / "schedule.png", dpi=120)
 
 
+def diffrax_adjoints():
+    """Time per call relative to diffrax's adjoint for the mode, both workloads of
+    `diffrax_adjoint.py`."""
+    runs = {}
+    for workload in ("neural", "long"):
+        path = RESULTS / f"diffrax_adjoint_{workload}.json"
+        if path.exists():
+            runs[workload] = json.loads(path.read_text())
+    if not runs:
+        return
+    base = {
+        "grad": "RecursiveCheckpointAdjoint()",
+        "jvp": "ForwardMode()",
+        "jacfwd": "ForwardMode()",
+    }
+    fig, axes = plt.subplots(1, len(runs), figsize=(5.2 * len(runs), 4.2), squeeze=False)
+    for ax, (workload, run) in zip(axes[0], runs.items()):
+        rows = run["rows"]
+        ms = {(r["mode"], r["adjoint"]): r["ms"] for r in rows}
+        labels, ratios, colours = [], [], []
+        for r in rows:
+            ratio = r["ms"] / ms[(r["mode"], base[r["mode"]])]
+            labels.append(f"{r['mode']}: {r['adjoint']}")
+            ratios.append(ratio)
+            ours = r["adjoint"].startswith("CheckpointedAdjoint")
+            colours.append("tab:blue" if ours else "tab:orange")
+        y = range(len(labels))
+        ax.barh(y, ratios, color=colours)
+        ax.axvline(1.0, color="k", lw=0.8)
+        ax.set_yticks(list(y), labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.set(
+            xlabel="time / diffrax's adjoint for the mode",
+            title=f"{workload}: {run['steps']} steps",
+        )
+    fig.tight_layout()
+    fig.savefig(IMAGES / "diffrax_adjoints.png", dpi=110)
+
+
 if __name__ == "__main__":
     IMAGES.mkdir(parents=True, exist_ok=True)
     GENERATED.mkdir(parents=True, exist_ok=True)
@@ -288,5 +327,6 @@ if __name__ == "__main__":
     recomputation_table()
     gradient_time()
     recomputation()
+    diffrax_adjoints()
     if "--no-schedule" not in sys.argv:
         schedule()
