@@ -49,6 +49,13 @@ if TYPE_CHECKING:
 
 
 SPLIT_SLOTS = 256
+# buffers' cotangents up to this many bytes in all are cheaper to copy than to keep
+# in place (see `_Sweep.reverse_step`)
+SMALL_BUFFERS = 16 * 1024
+
+
+def _nbytes(tree) -> int:
+    return sum(x.size * x.dtype.itemsize for x in jtu.tree_leaves(tree))
 
 
 def split_rule(slots: int, max_length: int) -> Callable:
@@ -189,12 +196,13 @@ class _Sweep:
             ct_body = jtu.tree_map(jnp.add, ct_body, d_body)
             return select_if_batched(active, d_x, ct), ct_body, updates
 
-        if jtu.tree_leaves(state.ct_bufs):
+        if _nbytes(state.ct_bufs) > SMALL_BUFFERS:
             # `at.i == end - 1` always holds. The `lax.cond` is there for XLA: the
             # buffers' cotangents are read inside it and updated in place after it,
             # and only that data dependence lets XLA order the read before the
             # write instead of copying the whole cotangent every step. (Without
-            # buffers it is left out: its operands would take memory of their own.)
+            # buffers it is left out: its operands would take memory of their own;
+            # with small ones too: a copy of them costs less than the conditional.)
             shapes = jax.eval_shape(reverse, state.ct, state.ct_body)[2]
             no_updates = self.step.no_updates(shapes, state.ct_bufs)
             ct, ct_body, updates = lax.cond(
