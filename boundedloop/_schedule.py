@@ -205,22 +205,26 @@ class _CostTable:
     def __init__(self, slots: int):
         self.slots = slots
         self.table = np.zeros((slots + 2, 1))
+        self.seg_slots = slots - np.arange(slots - 1)  # segment j has slots - j slots
+        self.more_slots = self.seg_slots + 1
+        # [p_{s-1}, p_{s+1}) takes segment s - 1's slots
+        self.merge_slots = self.seg_slots[:-1]
 
-    def __call__(self, k, lengths):
-        need = int(np.max(lengths, initial=0))
+    def upto(self, need: int) -> np.ndarray:
+        """The table, at least as far as length `need`."""
         if need >= self.table.shape[1]:
             width = max(need + 1, 2 * self.table.shape[1], 1024)
             self.table = _cost_table(self.slots, width - 1)
-        return self.table[k, lengths]
+        return self.table
 
 
 def _store_options(positions, costs, slots: int, target: _Target, horizon: int):
-    seg_slots = slots - np.arange(slots - 1)  # segment j has slots - j slots
-    merge_slots = seg_slots[:-1]  # [p_{s-1}, p_{s+1}) takes segment s - 1's slots
     last, before_last = int(positions[-1]), int(positions[-2])
     # complete segments j = 0 .. slots - 2, with j's own slot count
     lengths = positions[1:] - positions[:-1]
-    seg = costs(seg_slots, lengths)
+    # a merged segment is at most twice the longest
+    table = costs.upto(2 * int(lengths.max()))
+    seg = table[costs.seg_slots, lengths]
     base = float(seg.sum())
     # other[s]: the cost of storing x_t in place of positions[s], 0 < s < slots - 1,
     # without the old tail's: segments s - 1 and s merge, later complete ones gain
@@ -228,18 +232,18 @@ def _store_options(positions, costs, slots: int, target: _Target, horizon: int):
     # [t, t + 1) costs nothing
     other = np.full(slots, math.inf)
     if slots > 2:
-        gain = np.cumsum((costs(seg_slots + 1, lengths) - seg)[::-1])[::-1]
-        merged = costs(merge_slots, positions[2:] - positions[:-2])
+        gain = np.cumsum((table[costs.more_slots, lengths] - seg)[::-1])[::-1]
+        merged = table[costs.merge_slots, positions[2:] - positions[:-2]]
         other[1:-1] = merged - seg[:-1] - seg[1:]
         other[1:-2] += gain[2:]
-    s_all = int(np.argmin(other))
+    s_all = int(other.argmin())
     other_all = base + other[s_all]
     # the positions kept for n*: for each optimal position x <= last, the latest
     # stored position at or before it
     known = bisect.bisect_right(target.ideal, last)
     kept = np.searchsorted(positions, target.ideal_array[:known], side="right") - 1
     other[kept] = math.inf
-    s_free = int(np.argmin(other))
+    s_free = int(other.argmin())
     return _Options(
         last=last,
         before_last=before_last,
