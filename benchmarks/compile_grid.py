@@ -132,7 +132,9 @@ def main():
         )
     errors = [r for r in rows if "error" in r]
     for r in errors:
-        print(f"\n{r['kind']} checkpoints={r['checkpoints']} max_steps={r['max_steps']}: {r['error']}")
+        print(
+            f"\n{r['kind']} checkpoints={r['checkpoints']} max_steps={r['max_steps']}: {r['error']}"
+        )
     path = pathlib.Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"repeats": args.repeats, "rows": rows}, indent=1))

@@ -95,7 +95,13 @@ def main():
                 results[kind] = jax.block_until_ready(compiled(*a))  # warm-up
                 evals = count_evals(lambda c: make(kind, mode, n, c), a)
                 rows.append(
-                    {"kind": kind, "mode": mode, "n": n, "compile_s": ct, "evals": evals}
+                    {
+                        "kind": kind,
+                        "mode": mode,
+                        "n": n,
+                        "compile_s": ct,
+                        "evals": evals,
+                    }
                 )
                 fns[(kind, mode, n)], fn_args[(kind, mode, n)] = compiled, a
             for row in rows[-len(KINDS) :]:

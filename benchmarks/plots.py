@@ -294,7 +294,9 @@ def diffrax_adjoints():
         "jvp": "ForwardMode()",
         "jacfwd": "ForwardMode()",
     }
-    fig, axes = plt.subplots(1, len(runs), figsize=(5.2 * len(runs), 4.2), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(runs), figsize=(5.2 * len(runs), 4.2), squeeze=False
+    )
     for ax, (workload, run) in zip(axes[0], runs.items()):
         rows = run["rows"]
         ms = {(r["mode"], r["adjoint"]): r["ms"] for r in rows}

@@ -26,11 +26,11 @@ import jax.tree_util as jtu
 
 from ._checks import check_stopped
 from ._forward_sweeps import checkpointed_sweep, plain_sweep
+from ._loop_jvp import loop_jvp, Passes, Spec
 from ._perturbation import has_tangent, Perturbed, perturbed_leaves
 from ._reverse_sweep import reverse_sweep
 from ._shard_map import vary_everywhere
 from ._step import ReversibleStep
-from ._loop_jvp import loop_jvp, Passes, Spec
 from ._tangent import forward_only, loop_tangent, replay_tangent
 from ._trace import Layout, TracedLoop
 
@@ -93,7 +93,6 @@ class _LoopJVP:
     def _loop(self, leaves) -> TracedLoop:
         arrays = jtu.tree_unflatten(self.treedef, leaves)
         return vary_everywhere(eqx.combine(arrays, self.static))
-
 
     def one_pass(self, leaves, t_in) -> list:
         """The JVP of `plain_sweep`: one sweep, each step's primal and tangent

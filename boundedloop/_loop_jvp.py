@@ -68,7 +68,9 @@ def loop_jvp(primals: list, tangents: list, spec: Spec) -> list:
 
 
 def _impl(*args, spec):
-    return spec.passes.one_pass(list(args[: spec.n_primals]), list(args[spec.n_primals :]))
+    return spec.passes.one_pass(
+        list(args[: spec.n_primals]), list(args[spec.n_primals :])
+    )
 
 
 def _abstract_eval(*args, spec):
@@ -114,7 +116,11 @@ def _partial_eval_custom(saveable, unks_in, inst_in, eqn):
     """The jaxpr rule (`jax.checkpoint`, partial evaluation of a staged jaxpr): the
     pass `_partial_eval` would pick, as a call that JAX splits further."""
     spec = eqn.params["spec"]
-    pick = spec.passes.two_pass if _tangent_unknown(unks_in, spec) else spec.passes.one_pass
+    pick = (
+        spec.passes.two_pass
+        if _tangent_unknown(unks_in, spec)
+        else spec.passes.one_pass
+    )
     rule = pe.partial_eval_jaxpr_custom_rules[jax_core.closed_call_p]
     return rule(saveable, unks_in, inst_in, _as_closed_call(eqn, pick))
 
@@ -151,14 +157,18 @@ def _jvp(primals, tangents, *, spec):
         return out, [ad.Zero(a.to_tangent_aval()) for a in spec.out_avals]
     passes = spec.passes
     lifted = Spec(
-        Passes(_lift(passes.one_pass, spec, nonzero), _lift(passes.two_pass, spec, nonzero)),
+        Passes(
+            _lift(passes.one_pass, spec, nonzero), _lift(passes.two_pass, spec, nonzero)
+        ),
         n_primals=len(primals),
         n_outputs=n_out,
         out_avals=spec.out_avals
         + tuple(a.to_tangent_aval() for a, f in zip(spec.out_avals, inexact) if f),
         effects=spec.effects,
     )
-    both = loop_jvp(list(primals), [t for t in tangents if type(t) is not ad.Zero], lifted)
+    both = loop_jvp(
+        list(primals), [t for t in tangents if type(t) is not ad.Zero], lifted
+    )
     t_out = iter(both[n_out:])
     return both[:n_out], [
         next(t_out) if f else ad.Zero(a.to_tangent_aval())
@@ -168,7 +178,10 @@ def _jvp(primals, tangents, *, spec):
 
 def _batch(args, dims, *, spec):
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-    args = [a if d is None else batching.bdim_at_front(a, d, size) for a, d in zip(args, dims)]
+    args = [
+        a if d is None else batching.bdim_at_front(a, d, size)
+        for a, d in zip(args, dims)
+    ]
     axes = [None if d is None else 0 for d in dims]
     # the outputs depend on the primals only, their tangents on everything
     batched_primals = any(a == 0 for a in axes[: spec.n_primals])

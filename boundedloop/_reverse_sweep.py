@@ -181,7 +181,9 @@ class _Sweep:
         """Reverse step `end - 1`, recomputing its input first."""
         if self.every_step_stored:  # slot t holds x_t: no stack to keep
             i = state.end - 1
-            at = Recompute(i, state.end, i, state.stack, _tape.load(self.tape.storage, i))
+            at = Recompute(
+                i, state.end, i, state.stack, _tape.load(self.tape.storage, i)
+            )
         else:
             at = self.recompute(state.end, state.stack)
         # elements whose loop had already stopped there pass `ct` through unchanged
