@@ -1,5 +1,8 @@
 """Shared pieces of the benchmarks: the loops we compare and how we time them."""
 
+import json
+import pathlib
+import platform
 import statistics
 import time
 
@@ -129,3 +132,15 @@ def mlp_weights(width=1024, seed=0):
 def mlp(weights, x):
     w1, w2, w3 = weights
     return w3 @ jnp.tanh(w2 @ jnp.tanh(w1 @ x))
+
+
+def write_results(path, **fields):
+    """Write `fields`, with the machine and devices, as JSON to `path`."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "machine": platform.platform(),
+        "devices": [str(d) for d in jax.devices()],
+        **fields,
+    }
+    path.write_text(json.dumps(payload, indent=1))

@@ -15,9 +15,6 @@ shuffled order, after a warm-up; body evaluations per gradient are counted with
 """
 
 import argparse
-import json
-import pathlib
-import platform
 import random
 import statistics
 import time
@@ -26,7 +23,13 @@ import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _common import compile_time, EvalCounter, temp_bytes, WhileIterationCounter
+from _common import (
+    compile_time,
+    EvalCounter,
+    temp_bytes,
+    WhileIterationCounter,
+    write_results,
+)
 from jax import lax
 
 import boundedloop as bl
@@ -200,21 +203,13 @@ def main():
             f"{row['max_abs_diff_vs_ideal']:.1e} |"
         )
     if out:
-        path = pathlib.Path(out)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(
-            json.dumps(
-                {
-                    "machine": platform.platform(),
-                    "devices": [str(d) for d in jax.devices()],
-                    "width": WIDTH,
-                    "dt": DT,
-                    "checkpoints": CHECKPOINTS,
-                    "rounds": rounds,
-                    "rows": rows,
-                },
-                indent=1,
-            )
+        write_results(
+            out,
+            width=WIDTH,
+            dt=DT,
+            checkpoints=CHECKPOINTS,
+            rounds=rounds,
+            rows=rows,
         )
 
 

@@ -12,9 +12,6 @@ counted with `jax.debug.callback` in a separate compile.
 """
 
 import argparse
-import json
-import pathlib
-import platform
 import random
 import statistics
 import time
@@ -22,7 +19,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _common import compile_time, EvalCounter
+from _common import compile_time, EvalCounter, write_results
 from jax import lax
 
 import boundedloop as bl
@@ -152,19 +149,7 @@ def main():
             f"{row['compile_over_reference']:.2f} | {row['max_abs_diff']:.1e} |"
         )
     if out:
-        path = pathlib.Path(out)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(
-            json.dumps(
-                {
-                    "machine": platform.platform(),
-                    "devices": [str(d) for d in jax.devices()],
-                    "rounds": rounds,
-                    "rows": rows,
-                },
-                indent=1,
-            )
-        )
+        write_results(out, rounds=rounds, rows=rows)
 
 
 if __name__ == "__main__":
