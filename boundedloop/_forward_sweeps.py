@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from . import _progress, _tape
 from ._batching import any_across_batch, select_if_batched
 from ._checks import check_stopped, raise_violations
-from ._schedule import store_plan
+from ._schedule import INT32_MAX, store_plan
 from ._shard_map import varying_while_loop
 from ._step import advance
 from ._tape import Tape
@@ -105,6 +105,22 @@ def plain_sweep(loop: TracedLoop, config: "LoopConfig"):
     return _finish(loop, config, (x, bufs))
 
 
+def _planned(plan, t, cursor, level):
+    """Where step `t` stands in `plan`: `(cursor, level, (aligned, u))`, storing at
+    `t` if `aligned` and `u` is the plan's next step. Past the horizon `level` is
+    `(stride, level_end)` and the plan's second half replays at that stride (see
+    `_schedule.Plan`)."""
+    if level is None:
+        return cursor, level, (True, t)
+    stride, level_end = level
+    new_level = t == level_end  # at the horizon, and at each doubling of it
+    cursor = jnp.where(new_level, plan.restart, cursor)
+    stride = jnp.where(new_level, 2 * stride, stride)
+    doubled = jnp.where(level_end > INT32_MAX // 2, INT32_MAX, 2 * level_end)
+    level_end = jnp.where(new_level, doubled, level_end)
+    return cursor, (stride, level_end), (t % stride == 0, t // stride)
+
+
 @jax.named_scope("boundedloop_checkpointed_forward")
 def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
     """The forward sweep of a differentiated loop: `plain_sweep`, storing the
@@ -119,18 +135,20 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
     meter = _progress.start(max_steps)  # None unless `bl.progress_meter` is on
     plan = store_plan(slots, max_steps, config.known_length)
     if plan is not None:
-        plan_steps, plan_slots = map(jnp.asarray, plan)
+        plan_steps, plan_slots = jnp.asarray(plan.steps), jnp.asarray(plan.slot_ids)
 
     def cond(state):
         t, _, _, _, active, *_ = state
         return jnp.logical_and(_within(t, max_steps), any_across_batch(active))
 
     def step(state):
-        t, x, bufs, written, active, trips, storage, positions, cursor = state
+        t, x, bufs, written, active, trips, storage, positions, cursor, level = state
         if plan is None:
             slot, when = t, True
         else:
-            slot, when = plan_slots[cursor], t == plan_steps[cursor]
+            cursor, level, due = _planned(plan, t, cursor, level)
+            slot = plan_slots[cursor]
+            when = jnp.logical_and(due[0], due[1] == plan_steps[cursor])
             cursor = cursor + when.astype(jnp.int32)
         storage = _tape.store(storage, slot, x, when)
         if plan is not None:  # else slot t holds x_t: positions are set at the end
@@ -140,9 +158,10 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
         trips = trips + active.astype(jnp.int32)
         active = _continue(loop, active, x, bufs, written)
         _progress.tick(meter, t + 1)
-        return t + 1, x, bufs, written, active, trips, storage, positions, cursor
+        return t + 1, x, bufs, written, active, trips, storage, positions, cursor, level
 
     zero = jnp.array(0, jnp.int32)
+    horizon = None if plan is None else plan.horizon
     state = (
         zero,
         loop.init,
@@ -153,8 +172,9 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
         _tape.empty(loop.init, slots),
         jnp.full((slots,), _tape.UNUSED, jnp.int32),
         zero,
+        None if horizon is None else (jnp.array(1, jnp.int32), jnp.array(horizon)),
     )
-    length, x, bufs, _, _, trips, storage, positions, _ = varying_while_loop(
+    length, x, bufs, _, _, trips, storage, positions, *_ = varying_while_loop(
         cond, step, state
     )
     _progress.done(meter, length)

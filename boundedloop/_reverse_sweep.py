@@ -38,7 +38,7 @@ from jaxtyping import Array, Int, PyTree
 
 from . import _tape
 from ._batching import select_if_batched
-from ._schedule import binomial_table, planning_horizon
+from ._schedule import binomial_table
 from ._shard_map import varying_while_loop
 from ._step import ReversibleStep
 from ._tape import Tape
@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 
 
 SPLIT_SLOTS = 256
+# segments up to this long are split exactly (longer ones validly, as if this long)
+SPLIT_LENGTH = 2**17
 # buffers' cotangents up to this many bytes in all are cheaper to copy than to keep
 # in place (see `_Sweep.reverse_step`)
 SMALL_BUFFERS = 16 * 1024
@@ -118,9 +120,9 @@ class _Sweep:
         self.step = step
         self.tape = tape
         self.slots = config.checkpoints
-        # as wide as the longest horizon whatever `max_steps` is: the split reads a
-        # row of it, so a narrower one would make temporary memory depend on it
-        self.split = split_rule(self.slots, planning_horizon(None))
+        # the same for every `max_steps`: the split reads a row of the table, so a
+        # narrower one would make temporary memory depend on `max_steps`
+        self.split = split_rule(self.slots, SPLIT_LENGTH)
         # the forward stored every state: nothing to recompute, no inner loop
         self.every_step_stored = (
             config.max_steps is not None and config.checkpoints >= config.max_steps

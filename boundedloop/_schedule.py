@@ -358,13 +358,24 @@ def online_actions(slots: int, horizon: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def forward_placement(n: int, slots: int) -> list[int]:
-    """The positions stored when the forward sweep ends after `n` steps (sorted)."""
+    """The positions stored when the forward sweep ends after `n` steps (sorted),
+    past the planning horizon too (see `store_plan`)."""
     if n <= slots:
         return list(range(max(n, 1)))
-    steps, slot_ids = online_actions(slots, n)
+    horizon = min(n, MAX_HORIZON)
+    steps, slot_ids = online_actions(slots, horizon)
     held = {0: 0}
     for t, s in zip(steps.tolist(), slot_ids.tolist()):
         held[s] = t
+    # past the horizon: the plan's second half again, at stride 2, 4, 8, ...
+    restart = bisect.bisect_left(steps.tolist(), horizon // 2)
+    stride, level_start = 2, horizon
+    while level_start < n:
+        for t, s in zip(steps[restart:].tolist(), slot_ids[restart:].tolist()):
+            if t * stride >= min(2 * level_start, n):
+                break
+            held[s] = t * stride
+        stride, level_start = 2 * stride, 2 * level_start
     return sorted(held.values())
 
 
@@ -431,21 +442,45 @@ def gradient_body_evaluations(n: int, slots: int) -> int:
     return 2 * n + placement_cost(forward_placement(n, slots), n, slots)
 
 
-def store_plan(
-    slots: int, max_steps: int | None, known_length: bool = False
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """The (step, slot) stores of the forward sweep, `x_0` in slot 0 first and a
-    sentinel last; `None` when every step is stored (`slots >= max_steps`).
+class Plan(NamedTuple):
+    """The forward sweep's stores: at step `steps[a]` store `x_t` in slot
+    `slot_ids[a]`, `x_0` in slot 0 first and a sentinel last.
+
+    A loop that can run past the planning `horizon` (`None` if it cannot) then
+    replays the plan's second half (from index `restart`, the first step at or past
+    `horizon // 2`) at stride 2, from step `horizon` to `2 * horizon`, then at stride
+    4 up to `4 * horizon`, and so on: the placement for a loop `b` times longer is
+    much like the placement for the shorter one, scaled by `b`. At 32 slots this
+    keeps the gradient within 1.07 times the optimal body evaluations at `10**6`
+    steps and 1.13 times at `10**7` (stopping at the horizon instead: 1782 times at
+    `2 * 10**5` steps).
+    """
+
+    steps: np.ndarray
+    slot_ids: np.ndarray
+    horizon: int | None = None
+    restart: int = 0
+
+
+def store_plan(slots: int, max_steps: int | None, known_length: bool = False):
+    """The `Plan` of the forward sweep; `None` when every step is stored
+    (`slots >= max_steps`).
 
     With `known_length` the loop always takes `max_steps` steps (a scan), so the
     placement is planned offline for exactly that length."""
     if max_steps is not None and slots >= max_steps:
         return None
+    horizon = None
     if known_length:
         positions = offline_placement(max_steps, slots)[1:]
         steps, slot_ids = np.asarray(positions), np.arange(1, len(positions) + 1)
     else:
-        steps, slot_ids = online_actions(slots, planning_horizon(max_steps))
+        planned = planning_horizon(max_steps)
+        steps, slot_ids = online_actions(slots, planned)
+        if max_steps is None or max_steps > planned:
+            horizon = planned
+    # the restart index counts the leading store of x_0
+    restart = 1 + int(np.searchsorted(steps, (horizon or 0) // 2, side="left"))
     steps = np.concatenate([[0], steps, [INT32_MAX]]).astype(np.int32)
     slot_ids = np.concatenate([[0], slot_ids, [0]]).astype(np.int32)
-    return steps, slot_ids
+    return Plan(steps, slot_ids, horizon, restart)
