@@ -180,4 +180,3 @@ def test_two_slots_online_lower_bound(lo, hi, ratio):
     # it falls between two stores
     assert two_slot_lower_bound_holds(lo, hi, ratio)
     assert not two_slot_lower_bound_holds(lo, hi, 1.1)
-

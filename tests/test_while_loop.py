@@ -245,7 +245,7 @@ def test_gradient_past_the_planning_horizon(monkeypatch):
     ...: the compiled loop stores where `forward_placement` says (its body
     evaluations match the model's), the gradient is right, and the evaluations stay
     near the optimum where stopping at the horizon would cost quadratically."""
-    monkeypatch.setattr(_schedule, "MAX_HORIZON", 32)
+    monkeypatch.setattr(_schedule, "UNBOUNDED_HORIZON", 32)
     counter = Counter()
     w = jnp.array([[0.9, -0.4], [0.2, 0.8]])
 
