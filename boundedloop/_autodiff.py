@@ -1,13 +1,16 @@
 """The loop under autodiff: a custom JVP, and which sweep runs under which transform.
 
 Undifferentiated, the loop is `plain_sweep` and does no checkpoint work. Its JVP
-rule runs `checkpointed_sweep` for the primal and returns the tangent as one linear
-primitive (`_tangent.loop_tangent`) over the tape:
+rule binds one primitive (`_loop_jvp`) that returns the outputs and their tangents,
+and that JAX evaluates or splits as the transform requires:
 
-- forward mode (`jax.jvp`, `jax.jacfwd`, `jax.linearize`) evaluates the primitive:
-  the JVP of `replay_sweep`, which takes the same steps again from the initial carry;
-- reverse mode (`jax.grad`, `jax.vjp`, `jax.jacrev`) linearizes, so the tangent stays
-  symbolic, and transposes the primitive: `reverse_sweep` over the checkpoints;
+- forward mode (`jax.jvp`, `jax.jacfwd`) evaluates it: the JVP of `plain_sweep`, one
+  sweep with each step's value and tangent together (`_LoopJVP.one_pass`);
+- `jax.linearize`, and so reverse mode (`jax.grad`, `jax.vjp`, `jax.jacrev`),
+  partially evaluates it: `checkpointed_sweep` now, and the tangent as one linear
+  primitive (`_tangent.loop_tangent`) over the tape (`_LoopJVP.two_pass`). Applied,
+  that primitive is the JVP of `replay_sweep` (the same steps again from the initial
+  carry); transposed, it is `reverse_sweep` over the checkpoints;
 - forward over reverse (`jax.hessian`) differentiates the checkpointed and reverse
   sweeps in forward mode, which `lax.while_loop` supports.
 

@@ -1,6 +1,6 @@
 """The loop's JVP as one primitive that picks its sweeps by what is asked of it.
 
-`loop_jvp(primals, tangents, passes)` returns the loop's outputs and their tangents.
+`loop_jvp(primals, tangents, spec)` returns the loop's outputs and their tangents.
 It has two implementations, and JAX's own machinery chooses between them, as it does
 for `lax.while_loop`:
 

@@ -3,11 +3,13 @@ reverse-over-reverse. Both primitives' rules are named after them and registered
 together at the end.
 
 `replay_tangent` is the tangent itself: the JVP of `replay_sweep`, which takes the
-steps the checkpointed sweep took again. `loop_tangent(residuals, tangents, ...)` is linear in `tangents`. It is bound by the
-loop's custom JVP rule and carries two Python functions as parameters:
+steps the checkpointed sweep took again. `loop_tangent(residuals, tangents, ...)` is
+linear in `tangents`. It is bound by the two-pass form of the loop's JVP
+(`_autodiff._LoopJVP.two_pass`) and carries two Python functions as parameters:
 
-- `jvp_fn(residuals, tangents) -> out`: the tangent loop (forward mode). It is the
-  primitive's implementation and lowering, so `jax.jvp` and `jax.linearize` run it.
+- `jvp_fn(residuals, tangents) -> out`: the tangent loop. It is the primitive's
+  implementation and lowering, so applying a `jax.linearize`d loop runs it (`jax.jvp`
+  does not get here: it evaluates the loop's JVP in one pass, see `_loop_jvp`).
 - `vjp_fn(residuals, cts) -> cts_in`: its transpose, the checkpointed reverse sweep.
   `jax.grad` never runs the tangent loop: it linearizes (the tangent stays
   symbolic) and transposes, which calls `vjp_fn` on the checkpoints the primal pass
