@@ -206,18 +206,22 @@ class _CostTable:
 
     def __init__(self, slots: int):
         self.slots = slots
-        self.table = np.zeros((slots + 2, 1))
         self.seg_slots = slots - np.arange(slots - 1)  # segment j has slots - j slots
-        self.more_slots = self.seg_slots + 1
-        # [p_{s-1}, p_{s+1}) takes segment s - 1's slots
-        self.merge_slots = self.seg_slots[:-1]
+        self.flat = np.zeros(slots + 2)
+        self.width = 1
+        self.seg_rows = self.more_rows = self.merge_rows = self.seg_slots
 
     def upto(self, need: int) -> np.ndarray:
-        """The table, at least as far as length `need`."""
-        if need >= self.table.shape[1]:
-            width = max(need + 1, 2 * self.table.shape[1], 1024)
-            self.table = _cost_table(self.slots, width - 1)
-        return self.table
+        """The table, flattened, at least as far as length `need`; index it at
+        `*_rows + length` (rows of each segment's slots, one more, a merge's)."""
+        if need >= self.width:
+            self.width = max(need + 1, 2 * self.width, 1024)
+            self.flat = _cost_table(self.slots, self.width - 1).ravel()
+            self.seg_rows = self.seg_slots * self.width
+            self.more_rows = self.seg_rows + self.width
+            # [p_{s-1}, p_{s+1}) takes segment s - 1's slots
+            self.merge_rows = self.seg_rows[:-1]
+        return self.flat
 
 
 def _store_options(positions, costs, slots: int, target: _Target, horizon: int):
@@ -226,7 +230,7 @@ def _store_options(positions, costs, slots: int, target: _Target, horizon: int):
     lengths = positions[1:] - positions[:-1]
     # a merged segment is at most twice the longest
     table = costs.upto(2 * int(lengths.max()))
-    seg = table[costs.seg_slots, lengths]
+    seg = table[costs.seg_rows + lengths]
     base = float(seg.sum())
     # other[s]: the cost of storing x_t in place of positions[s], 0 < s < slots - 1,
     # without the old tail's: segments s - 1 and s merge, later complete ones gain
@@ -234,8 +238,8 @@ def _store_options(positions, costs, slots: int, target: _Target, horizon: int):
     # [t, t + 1) costs nothing
     other = np.full(slots, math.inf)
     if slots > 2:
-        gain = np.cumsum((table[costs.more_slots, lengths] - seg)[::-1])[::-1]
-        merged = table[costs.merge_slots, positions[2:] - positions[:-2]]
+        gain = np.cumsum((table[costs.more_rows + lengths] - seg)[::-1])[::-1]
+        merged = table[costs.merge_rows + (positions[2:] - positions[:-2])]
         other[1:-1] = merged - seg[:-1] - seg[1:]
         other[1:-2] += gain[2:]
     s_all = int(other.argmin())
@@ -353,7 +357,8 @@ def online_actions(slots: int, horizon: int) -> tuple[np.ndarray, np.ndarray]:
         t, s = store
         steps.append(t)
         slot_ids.append(owner[s])
-        positions = np.concatenate((positions[:s], positions[s + 1 :], [t]))
+        positions[s:-1] = positions[s + 1 :]  # drop positions[s], append t
+        positions[-1] = t
         owner.append(owner.pop(s))
         t += 1
     return np.asarray(steps, dtype=np.int64), np.asarray(slot_ids, dtype=np.int64)
