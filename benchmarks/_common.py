@@ -3,6 +3,7 @@
 import json
 import pathlib
 import platform
+import random
 import statistics
 import time
 
@@ -144,3 +145,18 @@ def write_results(path, **fields):
         **fields,
     }
     path.write_text(json.dumps(payload, indent=1))
+
+
+def interleaved_medians(fns: dict, fn_args: dict, rounds: int) -> dict:
+    """Median seconds per call of each `fns[k](*fn_args[k])`: `rounds` rounds, each
+    calling every function once in a shuffled (seeded) order."""
+    samples = {k: [] for k in fns}
+    order = list(fns)
+    rng = random.Random(0)
+    for _ in range(rounds):
+        rng.shuffle(order)
+        for k in order:
+            t0 = time.perf_counter()
+            jax.block_until_ready(fns[k](*fn_args[k]))
+            samples[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in samples.items()}

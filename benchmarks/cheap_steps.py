@@ -15,9 +15,6 @@ shuffled order, after a warm-up; body evaluations per gradient are counted with
 """
 
 import argparse
-import random
-import statistics
-import time
 
 import equinox.internal as eqxi
 import jax
@@ -26,6 +23,7 @@ import numpy as np
 from _common import (
     compile_time,
     EvalCounter,
+    interleaved_medians,
     temp_bytes,
     WhileIterationCounter,
     write_results,
@@ -155,17 +153,9 @@ def main():
                     row.pop("_grads"), reference
                 )
 
-    samples = {k: [] for k in fns}
-    order = list(fns)
-    rng = random.Random(0)
-    for _ in range(rounds):
-        rng.shuffle(order)
-        for k in order:
-            t0 = time.perf_counter()
-            jax.block_until_ready(fns[k](*fn_args[k]))
-            samples[k].append(time.perf_counter() - t0)
+    medians = interleaved_medians(fns, fn_args, rounds)
     for row in rows:
-        row["grad_s"] = statistics.median(samples[(row["kind"], row["n"])])
+        row["grad_s"] = medians[(row["kind"], row["n"])]
     for row in rows:
         ideal = next(r for r in rows if r["kind"] == IDEAL and r["n"] == row["n"])
         row["grad_over_ideal"] = row["grad_s"] / ideal["grad_s"]

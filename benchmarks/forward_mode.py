@@ -12,14 +12,11 @@ counted with `jax.debug.callback` in a separate compile.
 """
 
 import argparse
-import random
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _common import compile_time, EvalCounter, write_results
+from _common import compile_time, EvalCounter, interleaved_medians, write_results
 from jax import lax
 
 import boundedloop as bl
@@ -110,17 +107,9 @@ def main():
                 row["max_abs_diff"] = max(jax.tree.leaves(diff))
             print("compiled", mode, n, flush=True)
 
-    samples = {k: [] for k in fns}
-    order = list(fns)
-    rng = random.Random(0)
-    for _ in range(rounds):
-        rng.shuffle(order)
-        for k in order:
-            t0 = time.perf_counter()
-            jax.block_until_ready(fns[k](*fn_args[k]))
-            samples[k].append(time.perf_counter() - t0)
+    medians = interleaved_medians(fns, fn_args, rounds)
     for row in rows:
-        row["s"] = statistics.median(samples[(row["kind"], row["mode"], row["n"])])
+        row["s"] = medians[(row["kind"], row["mode"], row["n"])]
     for row in rows:
         ref = next(
             r
