@@ -160,3 +160,20 @@ def interleaved_medians(fns: dict, fn_args: dict, rounds: int) -> dict:
             jax.block_until_ready(fns[k](*fn_args[k]))
             samples[k].append(time.perf_counter() - t0)
     return {k: statistics.median(v) for k, v in samples.items()}
+
+
+EULER_DT = 0.01
+
+
+def euler_step(w, b, counter=None):
+    """The cheap-step body of `cheap_steps.py`, `forward_mode.py` and
+    `long_loop.py`: `(x, i) -> (x + 0.01 tanh(W x + b), i + 1)`, calling `counter`
+    (an `EvalCounter`) each evaluation if given."""
+
+    def body(carry):
+        x, i = carry
+        if counter is not None:
+            counter(i)
+        return x + EULER_DT * jnp.tanh(w @ x + b), i + 1
+
+    return body

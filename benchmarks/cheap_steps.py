@@ -22,6 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 from _common import (
     compile_time,
+    EULER_DT,
+    euler_step,
     EvalCounter,
     interleaved_medians,
     temp_bytes,
@@ -34,7 +36,7 @@ import boundedloop as bl
 
 
 WIDTH = 32
-DT = 0.01
+DT = EULER_DT
 CHECKPOINTS = 16
 IDEAL = "lax.scan (ideal)"
 KINDS = [
@@ -51,11 +53,7 @@ def make(kind, n, counter=None):
     against; `n` is the static bound (and the scan's length)."""
 
     def loss(w, b, x0, steps):
-        def body(carry):
-            x, i = carry
-            if counter is not None:
-                counter(i)
-            return x + DT * jnp.tanh(w @ x + b), i + 1
+        body = euler_step(w, b, counter)
 
         cond = lambda c: c[1] < steps  # noqa: E731
         init = (x0, jnp.array(0))

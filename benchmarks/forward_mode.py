@@ -16,14 +16,21 @@ import argparse
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _common import compile_time, EvalCounter, interleaved_medians, write_results
+from _common import (
+    compile_time,
+    EULER_DT,
+    euler_step,
+    EvalCounter,
+    interleaved_medians,
+    write_results,
+)
 from jax import lax
 
 import boundedloop as bl
 
 
 WIDTH = 32
-DT = 0.01
+DT = EULER_DT
 REFERENCE = "lax.while_loop"
 KINDS = ["boundedloop checkpoints=16", "boundedloop store all", REFERENCE]
 MODES = ["jvp", "jacfwd"]
@@ -33,11 +40,7 @@ def make(kind, mode, n, counter=None):
     """`(W, b, x0, v, steps) -> result` for one loop and one mode."""
 
     def final(w, b, x0, steps):
-        def body(carry):
-            x, i = carry
-            if counter is not None:
-                counter(i)
-            return x + DT * jnp.tanh(w @ x + b), i + 1
+        body = euler_step(w, b, counter)
 
         cond = lambda c: c[1] < steps  # noqa: E731
         init = (x0, jnp.array(0))

@@ -21,7 +21,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _common import temp_bytes
+from _common import euler_step, temp_bytes
 
 import boundedloop as bl
 from boundedloop._schedule import (
@@ -36,10 +36,7 @@ WIDTH = 4
 
 def loss_of(max_steps, checkpoints, loop=True):
     def loss(w, b, x0, n):
-        def body(carry):
-            x, i = carry
-            return x + 0.01 * jnp.tanh(w @ x + b), i + 1
-
+        body = euler_step(w, b)
         init = (x0, jnp.array(0))
         if loop:
             out = bl.while_loop(

@@ -3,6 +3,7 @@
 `DirectAdjoint` for second derivatives."""
 
 import functools
+import math
 
 import jax
 import jax.extend.core
@@ -15,7 +16,7 @@ from .helpers import tree_allclose
 diffrax = pytest.importorskip("diffrax")
 lx = pytest.importorskip("lineax")
 
-from boundedloop.diffrax import CheckpointedAdjoint  # noqa: E402
+from boundedloop.diffrax import _checkpoints, CheckpointedAdjoint  # noqa: E402
 
 
 Y0 = jnp.array([1.0, 2.0])
@@ -195,3 +196,17 @@ def test_stage_loops_run_on_boundedloop():
         lambda y0: solve(y0, ARGS, CheckpointedAdjoint(), solver=own)
     )(Y0)
     assert _our_loops(jaxpr.jaxpr) == 1
+
+
+def test_default_checkpoints_match_recursive_checkpoint_adjoint():
+    """`checkpoints=None` takes `RecursiveCheckpointAdjoint()`'s memory budget:
+    equinox's own default for the same `max_steps`, and bl's default with no bound."""
+    for max_steps in [1, 2, 3, 10, 100, 4096, 16384, 10**6]:
+        equinox_default = (
+            1
+            if max_steps == 1
+            else math.floor(-1.5 + math.sqrt(2 * max_steps + 0.25)) + 1
+        )
+        assert _checkpoints(None, max_steps) == equinox_default
+    assert _checkpoints(None, None) is None  # bl.while_loop's own default
+    assert _checkpoints(7, 4096) == 7
