@@ -107,11 +107,9 @@ def plain_sweep(loop: TracedLoop, config: "LoopConfig"):
 
 def _planned(plan, t, cursor, level):
     """Where step `t` stands in `plan`: `(cursor, level, (aligned, u))`, storing at
-    `t` if `aligned` and `u` is the plan's next step. Past the horizon `level` is
-    `(stride, level_end)` and the plan's second half replays at that stride (see
+    `t` if `aligned` and `u` is the plan's next step. `level` is `(stride,
+    level_end)`: past the horizon the plan's second half replays at that stride (see
     `_schedule.Plan`)."""
-    if level is None:
-        return cursor, level, (True, t)
     stride, level_end = level
     new_level = t == level_end  # at the horizon, and at each doubling of it
     cursor = jnp.where(new_level, plan.restart, cursor)
@@ -121,10 +119,23 @@ def _planned(plan, t, cursor, level):
     return cursor, (stride, level_end), (t % stride == 0, t // stride)
 
 
+def _next_due(plan, cursor, level, t):
+    """The first step after `t` at which `_planned` may store or change level: the
+    step of `plan.steps[cursor]` at the current stride, or the level's end."""
+    stride, level_end = level
+    step = plan.steps[cursor]
+    scaled = jnp.where(step > INT32_MAX // stride, INT32_MAX, step * stride)
+    due = jnp.minimum(scaled, level_end)
+    return jnp.maximum(due, t + 1)  # always progress
+
+
 @jax.named_scope("boundedloop_checkpointed_forward")
 def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
     """The forward sweep of a differentiated loop: `plain_sweep`, storing the
     checkpoints `_schedule.store_plan` places.
+
+    With a plan, a loop over store events, each followed by a tight loop of steps
+    up to the next one, so that no step pays for a store it does not make.
 
     **Returns:**
 
@@ -135,33 +146,47 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
     meter = _progress.start(max_steps)  # None unless `bl.progress_meter` is on
     plan = store_plan(slots, max_steps, config.known_length)
     if plan is not None:
-        plan_steps, plan_slots = jnp.asarray(plan.steps), jnp.asarray(plan.slot_ids)
+        plan = plan._replace(
+            steps=jnp.asarray(plan.steps), slot_ids=jnp.asarray(plan.slot_ids)
+        )
 
-    def cond(state):
+    def going(state):
         t, _, _, _, active, *_ = state
         return jnp.logical_and(_within(t, max_steps), any_across_batch(active))
 
     def step(state):
-        t, x, bufs, written, active, trips, storage, positions, cursor, level = state
-        if plan is None:
-            slot, when = t, True
-        else:
-            cursor, level, due = _planned(plan, t, cursor, level)
-            slot = plan_slots[cursor]
-            when = jnp.logical_and(due[0], due[1] == plan_steps[cursor])
-            cursor = cursor + when.astype(jnp.int32)
-        storage = _tape.store(storage, slot, x, when)
-        if plan is not None:  # else slot t holds x_t: positions are set at the end
-            positions = positions.at[slot].set(jnp.where(when, t, positions[slot]))
+        t, x, bufs, written, active, trips, *rest = state
         new_x, bufs, written = advance(body, loop.layout, x, bufs, active, written)
         x = select_if_batched(active, new_x, x)
         trips = trips + active.astype(jnp.int32)
         active = _continue(loop, active, x, bufs, written)
         _progress.tick(meter, t + 1)
-        return t + 1, x, bufs, written, active, trips, storage, positions, cursor, level
+        return (t + 1, x, bufs, written, active, trips, *rest)
+
+    def store_every_step(state):
+        t, x, *rest, storage, positions, cursor, level = state
+        storage = _tape.store(storage, t, x)  # slot t holds x_t
+        return step((t, x, *rest, storage, positions, cursor, level))
+
+    def store_event(state):
+        t, x, *rest, storage, positions, cursor, level = state
+        cursor, level, due = _planned(plan, t, cursor, level)
+        slot = plan.slot_ids[cursor]
+        when = jnp.logical_and(due[0], due[1] == plan.steps[cursor])
+        cursor = cursor + when.astype(jnp.int32)
+        storage = _tape.store(storage, slot, x, when)
+        positions = positions.at[slot].set(jnp.where(when, t, positions[slot]))
+        stop = _next_due(plan, cursor, level, t)
+        # the steps up to the next store event carry nothing else
+        stepping = varying_while_loop(
+            lambda s: jnp.logical_and(s[0] < stop, going(s)), step, (t, x, *rest)
+        )
+        return (*stepping, storage, positions, cursor, level)
 
     zero = jnp.array(0, jnp.int32)
-    horizon = None if plan is None else plan.horizon
+    # a loop that cannot pass the horizon never changes level (the same program
+    # either way, so temporary memory does not depend on `max_steps`)
+    horizon = INT32_MAX if plan is None or plan.horizon is None else plan.horizon
     state = (
         zero,
         loop.init,
@@ -172,10 +197,11 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
         _tape.empty(loop.init, slots),
         jnp.full((slots,), _tape.UNUSED, jnp.int32),
         zero,
-        None if horizon is None else (jnp.array(1, jnp.int32), jnp.array(horizon)),
+        (jnp.array(1, jnp.int32), jnp.array(horizon, jnp.int32)),
     )
+    outer = store_every_step if plan is None else store_event
     length, x, bufs, _, _, trips, storage, positions, *_ = varying_while_loop(
-        cond, step, state
+        going, outer, state
     )
     _progress.done(meter, length)
     if plan is None:

@@ -2,12 +2,14 @@
 
 Once the forward sweep has ended the trip count is known, so each segment between
 stored checkpoints is reversed offline-optimally (Griewank and Walther's binomial
-schedule, `_schedule.revolve_split`). Each iteration of the sweep's loop reverses
-one step (a vector-Jacobian product), after recomputing that step's input from the
-nearest checkpoint: a loop over the checkpoints the schedule stores on the way, each
-reached by a tight loop of forward steps, so the schedule's arithmetic runs once per
-stored checkpoint rather than once per step. `_schedule.reverse_events` is its
-pure-Python twin.
+schedule, `_schedule.revolve_split`). Each iteration of the sweep's loop recomputes
+the input of step `end - 1` from the top checkpoint, storing the checkpoints the
+schedule places on the way, and then reverses steps (vector-Jacobian products) in a
+tight inner loop for as long as the next step's input is on top of the stack. The
+recomputation is itself tight loops: forward steps between store events, so the
+schedule's arithmetic runs once per stored checkpoint, and a step and a store per
+iteration once the rest of a segment fits the free slots. Loop iterations therefore
+stay close to body evaluations. `_schedule.reverse_events` is its pure-Python twin.
 
 The checkpoints form a stack ordered by position. `order[:depth]` are the slots in
 use, bottom to top; `order[depth:]` are free. The top segment `[order_pos[top],
@@ -135,15 +137,19 @@ class _Sweep:
         depth = jnp.sum(positions != _tape.UNUSED).astype(jnp.int32)
         return Stack(depth, positions[self.order], self.tape.storage)
 
+    def forward(self, i, x):
+        """`x_{i+1}` from `x_i` (elements whose loop had stopped by step `i` stay)."""
+        active = i < self.tape.trips
+        return select_if_batched(
+            active, self.step.forward(x, self.tape.bufs, active), x
+        )
+
     def advance(self, i, stop, x):
         """`x_stop` from `x_i`: forward steps only, nothing else in the loop."""
 
         def step(state):
             i, x = state
-            # elements whose loop had already stopped at step i do not move
-            active = i < self.tape.trips
-            new_x = self.step.forward(x, self.tape.bufs, active)
-            return i + 1, select_if_batched(active, new_x, x)
+            return i + 1, self.forward(i, x)
 
         return varying_while_loop(lambda s: s[0] < stop, step, (i, x))
 
@@ -152,45 +158,66 @@ class _Sweep:
         target = i + jnp.maximum(self.split(end - i, self.slots - (depth - 1)), 1)
         return jnp.minimum(target, end - 1)
 
+    def all_stored(self, state: Recompute):
+        """Whether the rest of the segment, `[i, end)`, fits its free slots: then
+        the binomial schedule stores every step of it (repetition number 1)."""
+        free = self.slots - (state.stack.depth - 1)
+        return state.end - state.i <= free + 1
+
     def store_next(self, state: Recompute) -> Recompute:
         """Advance to the next store event (before `end - 1`) and store there."""
         i, x = self.advance(state.i, state.target, state.x)
+        return self.push(state._replace(i=i, x=x))
+
+    def store_step(self, state: Recompute) -> Recompute:
+        """One forward step, storing its result (the schedule stores every step
+        from here on, so no next store event is looked up)."""
+        x = self.forward(state.i, state.x)
+        return self.push(state._replace(i=state.i + 1, x=x), find_target=False)
+
+    def push(self, state: Recompute, find_target: bool = True) -> Recompute:
+        """Store `x_i` on top of the stack and find the next store event."""
         depth, order_pos, storage = state.stack
         free = jnp.minimum(depth, self.slots - 1)
-        storage = _tape.store(storage, self.order[free], x)
-        order_pos = order_pos.at[free].set(i)
+        storage = _tape.store(storage, self.order[free], state.x)
+        order_pos = order_pos.at[free].set(state.i)
         stack = Stack(depth + 1, order_pos, storage)
-        target = self.next_target(i, state.end, depth + 1)
-        return Recompute(i, state.end, target, stack, x)
+        if find_target:
+            state = state._replace(
+                target=self.next_target(state.i, state.end, depth + 1)
+            )
+        return state._replace(stack=stack)
 
     @jax.named_scope("boundedloop_recompute")
     def recompute(self, end, stack: Stack) -> Recompute:
         """Advance from the top checkpoint to step `end - 1`, storing the
-        checkpoints the binomial schedule places on the way (forward steps only):
-        tight loops of steps between store events, the schedule's arithmetic once
-        per event."""
+        checkpoints the binomial schedule places on the way (forward steps only).
+
+        Three loops: store events while the schedule skips steps (each a tight loop
+        of forward steps, so its arithmetic runs once per stored checkpoint), then,
+        once the rest of the segment fits the free slots, a step and a store per
+        iteration, then the steps to `end - 1`."""
         top = jnp.maximum(stack.depth - 1, 0)
         i = stack.order_pos[top]
         x = _tape.load(stack.storage, self.order[top])
         state = Recompute(i, end, self.next_target(i, end, top + 1), stack, x)
         state = varying_while_loop(
-            lambda s: s.target < s.end - 1, self.store_next, state
+            lambda s: (s.target < s.end - 1) & ~self.all_stored(s),
+            self.store_next,
+            state,
+        )
+        state = varying_while_loop(
+            lambda s: (s.i < s.end - 2) & self.all_stored(s), self.store_step, state
         )
         i, x = self.advance(state.i, end - 1, state.x)
         return state._replace(i=i, x=x)
 
-    def reverse_step(self, state: ReverseState) -> ReverseState:
-        """Reverse step `end - 1`, recomputing its input first."""
-        if self.every_step_stored:  # slot t holds x_t: no stack to keep
-            i = state.end - 1
-            at = Recompute(
-                i, state.end, i, state.stack, _tape.load(self.tape.storage, i)
-            )
-        else:
-            at = self.recompute(state.end, state.stack)
+    def reverse_step(self, state: ReverseState, i, x) -> ReverseState:
+        """Reverse step `end - 1` from its input `x` (`i == end - 1`, which only
+        the data dependence below uses)."""
         # elements whose loop had already stopped there pass `ct` through unchanged
-        active = at.i < self.tape.trips
-        pullback = self.step.vjp(at.x, self.tape.bufs, state.ct_bufs, active)
+        active = i < self.tape.trips
+        pullback = self.step.vjp(x, self.tape.bufs, state.ct_bufs, active)
 
         def reverse(ct, ct_body):
             d_body, d_x, updates = pullback(ct)
@@ -201,7 +228,7 @@ class _Sweep:
             return select_if_batched(active, d_x, ct), ct_body, updates
 
         if _nbytes(state.ct_bufs) > SMALL_BUFFERS:
-            # `at.i == end - 1` always holds. The `lax.cond` is there for XLA: the
+            # `i == end - 1` always holds. The `lax.cond` is there for XLA: the
             # buffers' cotangents are read inside it and updated in place after it,
             # and only that data dependence lets XLA order the read before the
             # write instead of copying the whole cotangent every step. (Without
@@ -210,7 +237,7 @@ class _Sweep:
             shapes = jax.eval_shape(reverse, state.ct, state.ct_body)[2]
             no_updates = self.step.no_updates(shapes, state.ct_bufs)
             ct, ct_body, updates = lax.cond(
-                at.i == state.end - 1,
+                i == state.end - 1,
                 reverse,
                 lambda ct, ct_body: (ct, ct_body, no_updates),
                 state.ct,
@@ -219,14 +246,39 @@ class _Sweep:
         else:
             ct, ct_body, updates = reverse(state.ct, state.ct_body)
         ct_bufs = self.step.apply_updates(state.ct_bufs, updates)
-        # drop the top checkpoint once its segment is done
-        end = state.end - 1
-        stack = at.stack
-        if self.every_step_stored:
-            return ReverseState(end, stack, ct, ct_bufs, ct_body)
-        done = end == stack.order_pos[jnp.maximum(stack.depth - 1, 0)]
-        stack = stack._replace(depth=stack.depth - done.astype(jnp.int32))
-        return ReverseState(end, stack, ct, ct_bufs, ct_body)
+        return state._replace(
+            end=state.end - 1, ct=ct, ct_bufs=ct_bufs, ct_body=ct_body
+        )
+
+    def reverse_stored(self, state: ReverseState) -> ReverseState:
+        """Every step whose input is stored: nothing is stored, all is reversed."""
+        i = state.end - 1
+        return self.reverse_step(state, i, _tape.load(self.tape.storage, i))
+
+    def reverse_segment(self, state: ReverseState) -> ReverseState:
+        """Recompute step `end - 1`'s input and reverse it, then reverse the steps
+        below it whose inputs are on top of the stack, popping each, in one tight
+        loop (no recomputation loop is entered for them)."""
+        at = self.recompute(state.end, state.stack)
+
+        def reverse_and_pop(carry):
+            state, i, x, _ = carry
+            state = self.reverse_step(state, i, x)
+            depth, order_pos, storage = state.stack
+            top = jnp.maximum(depth - 1, 0)
+            # drop the top checkpoint once its segment is done
+            depth = depth - (state.end == order_pos[top]).astype(jnp.int32)
+            top = jnp.maximum(depth - 1, 0)
+            i = order_pos[top]
+            # the next step's input is on top: load it (read either way)
+            more = (depth > 0) & (i == state.end - 1)
+            x = _tape.load(storage, self.order[top])
+            state = state._replace(stack=Stack(depth, order_pos, storage))
+            return state, i, x, more
+
+        carry = (state._replace(stack=at.stack), at.i, at.x, jnp.array(True))
+        state, *_ = varying_while_loop(lambda c: c[3], reverse_and_pop, carry)
+        return state
 
 
 @jax.named_scope("boundedloop_reverse")
@@ -250,5 +302,6 @@ def reverse_sweep(
     state = ReverseState(
         tape.length, sweep.initial_stack(), ct_final, ct_bufs, step.zero_ct_body()
     )
-    state = varying_while_loop(lambda s: s.end > 0, sweep.reverse_step, state)
+    body = sweep.reverse_stored if sweep.every_step_stored else sweep.reverse_segment
+    state = varying_while_loop(lambda s: s.end > 0, body, state)
     return state.ct_body, state.ct, state.ct_bufs

@@ -414,7 +414,7 @@ def reverse_events(positions, n: int, slots: int) -> list[tuple[str, int]]:
 
     The sweep's events in order: `("advance", i)` evaluates step `i` forward,
     `("reverse", i)` evaluates its vector-Jacobian product. Mirrors the compiled
-    sweep in `_reverse_sweep.py` one iteration per event.
+    sweep in `_reverse_sweep.py` event for event.
     """
     stack = sorted(positions)
     events = []
