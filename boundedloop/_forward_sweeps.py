@@ -164,24 +164,33 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
         return (t + 1, x, bufs, written, active, trips, *rest)
 
     def store_every_step(state):
-        t, x, *rest, storage, positions, cursor, level = state
+        t, x, *rest, storage, positions, cursor, level, stop = state
         storage = _tape.store(storage, t, x)  # slot t holds x_t
-        return step((t, x, *rest, storage, positions, cursor, level))
+        return step((t, x, *rest, storage, positions, cursor, level, stop))
 
-    def store_event(state):
-        t, x, *rest, storage, positions, cursor, level = state
+    def store_if_due(state):
+        """Store `x_t` if the plan says so, and find the next step that may."""
+        *stepping, storage, positions, cursor, level, _ = state
+        t, x = stepping[0], stepping[1]
         cursor, level, due = _planned(plan, t, cursor, level)
         slot = plan.slot_ids[cursor]
         when = jnp.logical_and(due[0], due[1] == plan.steps[cursor])
+        when = jnp.logical_and(when, going(state))  # a step is taken from x_t
         cursor = cursor + when.astype(jnp.int32)
         storage = _tape.store(storage, slot, x, when)
         positions = positions.at[slot].set(jnp.where(when, t, positions[slot]))
         stop = _next_due(plan, cursor, level, t)
-        # the steps up to the next store event carry nothing else
+        return (*stepping, storage, positions, cursor, level, stop)
+
+    def store_event(state):
+        # the steps up to the next store event, carrying nothing else; the store
+        # comes after them so that the inner loop takes the carry as it is
+        stepping, rest = state[:6], state[6:]
+        stop = rest[-1]
         stepping = varying_while_loop(
-            lambda s: jnp.logical_and(s[0] < stop, going(s)), step, (t, x, *rest)
+            lambda s: jnp.logical_and(s[0] < stop, going(s)), step, stepping
         )
-        return (*stepping, storage, positions, cursor, level)
+        return store_if_due((*stepping, *rest))
 
     zero = jnp.array(0, jnp.int32)
     # a loop that cannot pass the horizon never changes level (the same program
@@ -198,8 +207,13 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
         jnp.full((slots,), _tape.UNUSED, jnp.int32),
         zero,
         (jnp.array(1, jnp.int32), jnp.array(horizon, jnp.int32)),
+        zero,
     )
-    outer = store_every_step if plan is None else store_event
+    if plan is None:
+        outer = store_every_step
+    else:
+        outer = store_event
+        state = store_if_due(state)
     length, x, bufs, _, _, trips, storage, positions, *_ = varying_while_loop(
         going, outer, state
     )

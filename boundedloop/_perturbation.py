@@ -69,6 +69,16 @@ def perturbed_leaves(
         x, bufs = new_x, new_bufs
 
 
+def unread_leaves(body: ClosureConverted, n_x: int) -> tuple[bool, ...]:
+    """Per ordinary carry leaf, whether the body ignores its value (a leaf it only
+    overwrites, as a solver's scratch values): its cotangent is zero after every
+    reversed step, so the reverse sweep need not carry it."""
+    jaxpr = pe.convert_constvars_jaxpr(body.jaxpr)
+    _, used = pe.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars))
+    n_consts = len(body.jaxpr.constvars)
+    return tuple(not u for u in used[n_consts : n_consts + n_x])
+
+
 def has_tangent(tangents) -> list[bool]:
     """Per leaf of a tangent tree (`None` for a symbolic zero), whether it has one."""
     return [

@@ -118,9 +118,12 @@ class Recompute(NamedTuple):
 class _Sweep:
     """The reverse sweep of one loop: its pieces, sharing the loop's constants."""
 
-    def __init__(self, step: ReversibleStep, tape: Tape, config: "LoopConfig"):
+    def __init__(
+        self, step: ReversibleStep, tape: Tape, ct_final, config: "LoopConfig"
+    ):
         self.step = step
         self.tape = tape
+        self.ct_final = ct_final
         self.slots = config.checkpoints
         # the same for every `max_steps`: the split reads a row of the table, so a
         # narrower one would make temporary memory depend on `max_steps`
@@ -212,12 +215,31 @@ class _Sweep:
         i, x = self.advance(state.i, end - 1, state.x)
         return state._replace(i=i, x=x)
 
+    def carried(self, ct):
+        """`ct` without the leaves the body never reads: they are not carried."""
+        return tuple(None if u else c for c, u in zip(ct, self.step.unread))
+
+    def unread_ct(self, ct, reversed_none):
+        """`ct` with the leaves the body never reads put back: the final carry's
+        cotangent while `reversed_none` (per element: none of its steps reversed
+        yet), zero after."""
+
+        def put_back(c, final, unread):
+            if not unread:
+                return c
+            return jnp.where(reversed_none, final, jnp.zeros_like(final))
+
+        return tuple(map(put_back, ct, self.ct_final, self.step.unread))
+
     def reverse_step(self, state: ReverseState, i, x) -> ReverseState:
         """Reverse step `end - 1` from its input `x` (`i == end - 1`, which only
         the data dependence below uses)."""
         # elements whose loop had already stopped there pass `ct` through unchanged
         active = i < self.tape.trips
         pullback = self.step.vjp(x, self.tape.bufs, state.ct_bufs, active)
+        state = state._replace(
+            ct=self.unread_ct(state.ct, state.end >= self.tape.trips)
+        )
 
         def reverse(ct, ct_body):
             d_body, d_x, updates = pullback(ct)
@@ -246,6 +268,7 @@ class _Sweep:
         else:
             ct, ct_body, updates = reverse(state.ct, state.ct_body)
         ct_bufs = self.step.apply_updates(state.ct_bufs, updates)
+        ct = self.carried(ct)
         return state._replace(
             end=state.end - 1, ct=ct, ct_bufs=ct_bufs, ct_body=ct_body
         )
@@ -260,24 +283,33 @@ class _Sweep:
         below it whose inputs are on top of the stack, popping each, in one tight
         loop (no recomputation loop is entered for them)."""
         at = self.recompute(state.end, state.stack)
+        at_stack = at.stack
 
         def reverse_and_pop(carry):
-            state, i, x, _ = carry
-            state = self.reverse_step(state, i, x)
+            state, first, recomputed = carry
             depth, order_pos, storage = state.stack
             top = jnp.maximum(depth - 1, 0)
+            # the recomputed input first, then inputs on top of the stack (loaded
+            # here rather than carried, so the carry is never overwritten while
+            # the step still reads it)
+            i = jnp.where(first, recomputed.i, order_pos[top])
+            stored = _tape.load(storage, self.order[top])
+            x = jtu.tree_map(lambda r, s: jnp.where(first, r, s), recomputed.x, stored)
+            state = self.reverse_step(state, i, x)
             # drop the top checkpoint once its segment is done
             depth = depth - (state.end == order_pos[top]).astype(jnp.int32)
-            top = jnp.maximum(depth - 1, 0)
-            i = order_pos[top]
-            # the next step's input is on top: load it (read either way)
-            more = (depth > 0) & (i == state.end - 1)
-            x = _tape.load(storage, self.order[top])
             state = state._replace(stack=Stack(depth, order_pos, storage))
-            return state, i, x, more
+            return state, jnp.array(False), recomputed
 
-        carry = (state._replace(stack=at.stack), at.i, at.x, jnp.array(True))
-        state, *_ = varying_while_loop(lambda c: c[3], reverse_and_pop, carry)
+        def more(carry):
+            state, first, _ = carry
+            depth, order_pos, _ = state.stack
+            on_top = order_pos[jnp.maximum(depth - 1, 0)] == state.end - 1
+            return first | ((depth > 0) & on_top)
+
+        at = at._replace(stack=None)
+        carry = (state._replace(stack=at_stack), jnp.array(True), at)
+        state, *_ = varying_while_loop(more, reverse_and_pop, carry)
         return state
 
 
@@ -298,10 +330,16 @@ def reverse_sweep(
 
     `(ct_body, ct_init, ct_bufs_init)`.
     """
-    sweep = _Sweep(step, tape, config)
+    ct_final = tuple(ct_final)
+    sweep = _Sweep(step, tape, ct_final, config)
     state = ReverseState(
-        tape.length, sweep.initial_stack(), ct_final, ct_bufs, step.zero_ct_body()
+        tape.length,
+        sweep.initial_stack(),
+        sweep.carried(ct_final),
+        ct_bufs,
+        step.zero_ct_body(),
     )
     body = sweep.reverse_stored if sweep.every_step_stored else sweep.reverse_segment
     state = varying_while_loop(lambda s: s.end > 0, body, state)
-    return state.ct_body, state.ct, state.ct_bufs
+    ct_init = sweep.unread_ct(state.ct, tape.trips == 0)
+    return state.ct_body, ct_init, state.ct_bufs

@@ -10,7 +10,7 @@ import jax.tree_util as jtu
 
 from ._batching import select_if_batched
 from ._indexing import get, put
-from ._perturbation import Perturbed
+from ._perturbation import Perturbed, unread_leaves
 from ._trace import Layout, StepIn
 
 
@@ -58,6 +58,9 @@ class ReversibleStep:
         self.sparse = [
             p and leaf not in layout.shared for leaf, p in enumerate(perturbed.bufs)
         ]
+        # perturbed leaves whose cotangent every step zeroes (see `unread_leaves`)
+        unread = unread_leaves(body, len(perturbed.x))
+        self.unread = tuple(p and u for p, u in zip(perturbed.x, unread))
         # reads of sparsely updated buffers, whose values have cotangents
         self.float_reads = [
             k for k, leaf in enumerate(layout.read_leaves) if self.sparse[leaf]

@@ -193,6 +193,63 @@ def test_reverse_sweep_carries_cotangents_of_perturbed_leaves_only():
     assert (3, 1000) in shapes
 
 
+def _scratch_loss(checkpoints, reads_scratch=False):
+    """A loop with a scratch leaf, as a solver's stage value: perturbed (the body
+    writes it from `x`) but never read by the body (unless `reads_scratch`)."""
+
+    def loss(x0, w, n):
+        def body(c):
+            x, scratch, i = c
+            new_x = jnp.tanh(w * x) + 0.1 * x
+            if reads_scratch:
+                new_x = new_x + 0.0 * scratch
+            return new_x, jnp.sin(x) * w, i + 1
+
+        init = (x0, jnp.cos(x0), 0)
+        x, scratch, _ = bl.while_loop(
+            lambda c: c[2] < n,
+            body,
+            init,
+            max_steps=12,
+            checkpoints=checkpoints,
+        )
+        return jnp.sum(x**2) + jnp.sum(scratch * jnp.arange(1.0, 4.0))
+
+    return loss
+
+
+@pytest.mark.parametrize("checkpoints", [2, 5, 12])
+def test_unread_leaves_are_not_carried_and_get_exact_cotangents(checkpoints):
+    x0, w = jnp.array([0.3, -0.2, 0.5]), jnp.array(1.3)
+    loss = _scratch_loss(checkpoints)
+
+    def reference(x0, w, n):
+        x, scratch = x0, jnp.cos(x0)
+        for _ in range(n):
+            x, scratch = jnp.tanh(w * x) + 0.1 * x, jnp.sin(x) * w
+        return jnp.sum(x**2) + jnp.sum(scratch * jnp.arange(1.0, 4.0))
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    for n in [0, 1, 2, 7, 12]:
+        expected = jax.grad(reference, argnums=(0, 1))(x0, w, n)
+        assert tree_allclose(grad(x0, w, n), expected, rtol=1e-5), n
+    # under vmap each element stops at its own step (0 steps included)
+    ns = jnp.array([0, 3, 9])
+    batched = jax.vmap(jax.grad(loss, argnums=(0, 1)), in_axes=(None, None, 0))
+    for k, n in enumerate([0, 3, 9]):
+        expected = jax.grad(reference, argnums=(0, 1))(x0, w, n)
+        got = jax.tree.map(lambda g: g[k], batched(x0, w, ns))
+        assert tree_allclose(got, expected, rtol=1e-5), n
+    # the scratch leaf's cotangent is not carried (it is once the body reads it)
+    def reverse_carries(loss):
+        jaxpr = jax.make_jaxpr(jax.grad(loss))(x0, w, 5).jaxpr
+        return _while_carry_shapes(jaxpr, "reverse").count((3,))
+
+    assert reverse_carries(loss) < reverse_carries(
+        _scratch_loss(checkpoints, reads_scratch=True)
+    )
+
+
 def _solver_like(y0, w, n_steps, stage_loop):
     """The shape of diffrax's carry: a step loop over many int/bool/float leaves and
     two output buffers, each step running a stage loop that writes a stage buffer
