@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, TYPE_CHECKING
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
@@ -56,10 +57,24 @@ SPLIT_LENGTH = 2**17
 # buffers' cotangents up to this many bytes in all are cheaper to copy than to keep
 # in place (see `_Sweep.reverse_step`)
 SMALL_BUFFERS = 16 * 1024
+# bodies up to this many equations (nested ones included) get the sweep's fast
+# structure: runs of stored inputs reversed in a nested loop, and store-every-step
+# recomputation in a loop of its own (one more copy of the step). Both save control
+# work per step but cost compile time, which grows with the body; a larger body's
+# steps cost far more than their control.
+SMALL_BODY = 64
 
 
 def _nbytes(tree) -> int:
     return sum(x.size * x.dtype.itemsize for x in jtu.tree_leaves(tree))
+
+
+def _equations(jaxpr) -> int:
+    """Equations in `jaxpr`, those of the jaxprs inside it included."""
+    return sum(
+        1 + sum(map(_equations, jax.extend.core.jaxprs_in_params(e.params)))
+        for e in jaxpr.eqns
+    )
 
 
 def split_rule(slots: int, max_length: int) -> Callable:
@@ -132,6 +147,7 @@ class _Sweep:
         self.every_step_stored = (
             config.max_steps is not None and config.checkpoints >= config.max_steps
         )
+        self.fast = _equations(step.body.jaxpr) <= SMALL_BODY
         # sort the checkpoints by position (unused slots sort last)
         self.order = jnp.argsort(tape.positions).astype(jnp.int32)
 
@@ -196,22 +212,29 @@ class _Sweep:
         """Advance from the top checkpoint to step `end - 1`, storing the
         checkpoints the binomial schedule places on the way (forward steps only).
 
-        Three loops: store events while the schedule skips steps (each a tight loop
-        of forward steps, so its arithmetic runs once per stored checkpoint), then,
-        once the rest of the segment fits the free slots, a step and a store per
-        iteration, then the steps to `end - 1`."""
+        Store events while the schedule skips steps, each a tight loop of forward
+        steps, so its arithmetic runs once per stored checkpoint; then the steps to
+        `end - 1`. With the fast structure, once the rest of the segment fits the
+        free slots, a loop of a step and a store per iteration takes over."""
         top = jnp.maximum(stack.depth - 1, 0)
         i = stack.order_pos[top]
         x = _tape.load(stack.storage, self.order[top])
         state = Recompute(i, end, self.next_target(i, end, top + 1), stack, x)
-        state = varying_while_loop(
-            lambda s: (s.target < s.end - 1) & ~self.all_stored(s),
-            self.store_next,
-            state,
-        )
-        state = varying_while_loop(
-            lambda s: (s.i < s.end - 2) & self.all_stored(s), self.store_step, state
-        )
+        if self.fast:
+            state = varying_while_loop(
+                lambda s: (s.target < s.end - 1) & ~self.all_stored(s),
+                self.store_next,
+                state,
+            )
+            state = varying_while_loop(
+                lambda s: (s.i < s.end - 2) & self.all_stored(s),
+                self.store_step,
+                state,
+            )
+        else:
+            state = varying_while_loop(
+                lambda s: s.target < s.end - 1, self.store_next, state
+            )
         i, x = self.advance(state.i, end - 1, state.x)
         return state._replace(i=i, x=x)
 
@@ -309,6 +332,8 @@ class _Sweep:
 
         at = at._replace(stack=None)
         carry = (state._replace(stack=at_stack), jnp.array(True), at)
+        if not self.fast:  # one step per iteration of the sweep
+            return reverse_and_pop(carry)[0]
         state, *_ = varying_while_loop(more, reverse_and_pop, carry)
         return state
 

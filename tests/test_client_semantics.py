@@ -240,6 +240,7 @@ def test_unread_leaves_are_not_carried_and_get_exact_cotangents(checkpoints):
         expected = jax.grad(reference, argnums=(0, 1))(x0, w, n)
         got = jax.tree.map(lambda g: g[k], batched(x0, w, ns))
         assert tree_allclose(got, expected, rtol=1e-5), n
+
     # the scratch leaf's cotangent is not carried (it is once the body reads it)
     def reverse_carries(loss):
         jaxpr = jax.make_jaxpr(jax.grad(loss))(x0, w, 5).jaxpr

@@ -3,13 +3,14 @@
 import functools
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
 
 import boundedloop as bl
-from boundedloop import _schedule
+from boundedloop import _reverse_sweep, _schedule
 from boundedloop._schedule import (
     gradient_body_evaluations,
     offline_placement,
@@ -99,6 +100,56 @@ def test_gradient_matches_scan(checkpoints, max_steps):
         got = f(X0, W, limit)
         expected = reference_grad(X0, W, trips)
         assert tree_allclose(got, expected), (limit, got, expected)
+
+
+def _while_loops(jaxpr) -> int:
+    return sum(
+        (eqn.primitive.name == "while")
+        + sum(map(_while_loops, jax.extend.core.jaxprs_in_params(eqn.params)))
+        for eqn in jaxpr.eqns
+    )
+
+
+def test_large_bodies_get_the_compact_reverse_sweep(monkeypatch):
+    """Bodies over `SMALL_BODY` equations are reversed one step per iteration with
+    two recomputation loops (fewer loops and copies of the step to compile): the
+    same schedule, so the same body evaluations, and the same gradients."""
+    counter = Counter()
+
+    def gradient():  # a new function each time: traced afresh
+        def loss(x, w, limit, checkpoints):
+            def _body(carry):
+                x, step, limit = carry
+                counter()
+                return jnp.tanh(w @ x + 0.1), step + 1, limit
+
+            out = bl.while_loop(
+                cond, _body, init(x, limit), max_steps=30, checkpoints=checkpoints
+            )
+            return jnp.sum(out[0] ** 2)
+
+        return jax.grad(loss, argnums=(0, 1))
+
+    def loops():
+        return _while_loops(
+            jax.make_jaxpr(gradient(), static_argnums=3)(X0, W, 5, 3).jaxpr
+        )
+
+    fast = loops()
+    monkeypatch.setattr(_reverse_sweep, "SMALL_BODY", 0)
+    assert loops() == fast - 2
+    for checkpoints in [1, 2, 3, 8]:
+        f = jax.jit(gradient(), static_argnums=3)
+        for limit in [0, 1, 5, 13, 30]:
+            counter.reset()
+            got = jax.block_until_ready(f(X0, W, limit, checkpoints))
+            assert counter.count == gradient_body_evaluations(limit, checkpoints, 30)
+            assert tree_allclose(got, reference_grad(X0, W, limit)), limit
+        limits = jnp.array([0, 3, 11, 6, 1])
+        batched = jax.vmap(f, in_axes=(None, None, 0, None))(X0, W, limits, checkpoints)
+        for b in range(len(limits)):
+            expected = reference_grad(X0, W, int(limits[b]))
+            assert tree_allclose(jax.tree.map(lambda g: g[b], batched), expected)
 
 
 @pytest.mark.parametrize("checkpoints", [1, 3, None])
