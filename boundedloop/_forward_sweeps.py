@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 
-from . import _progress, _tape
+from . import _body_size, _progress, _tape
 from ._batching import any_across_batch, select_if_batched
 from ._checks import check_stopped, raise_violations
 from ._schedule import INT32_MAX, store_plan
@@ -109,7 +109,9 @@ def _planned(plan, t, cursor, level):
     """Where step `t` stands in `plan`: `(cursor, level, (aligned, u))`, storing at
     `t` if `aligned` and `u` is the plan's next step. `level` is `(stride,
     level_end)`: past the horizon the plan's second half replays at that stride (see
-    `_schedule.Plan`)."""
+    `_schedule.Plan`); `None` for a loop that cannot pass the horizon."""
+    if level is None:
+        return cursor, level, (True, t)
     stride, level_end = level
     new_level = t == level_end  # at the horizon, and at each doubling of it
     cursor = jnp.where(new_level, plan.restart, cursor)
@@ -134,8 +136,10 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
     """The forward sweep of a differentiated loop: `plain_sweep`, storing the
     checkpoints `_schedule.store_plan` places.
 
-    With a plan, a loop over store events, each followed by a tight loop of steps
-    up to the next one, so that no step pays for a store it does not make.
+    With a plan and a small body (see `_body_size`), a loop over store events,
+    each followed by a tight loop of steps up to the next one, so that no step pays
+    for a store it does not make; with a larger one, one loop that stores where due
+    (fewer loops to compile).
 
     **Returns:**
 
@@ -168,21 +172,29 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
         storage = _tape.store(storage, t, x)  # slot t holds x_t
         return step((t, x, *rest, storage, positions, cursor, level, stop))
 
-    def store_if_due(state):
-        """Store `x_t` if the plan says so, and find the next step that may."""
-        *stepping, storage, positions, cursor, level, _ = state
-        t, x = stepping[0], stepping[1]
+    def store_if_due(state, going_now=True):
+        """Store `x_t` if the plan says so and the loop goes on from it."""
+        t, x, *rest, storage, positions, cursor, level, stop = state
         cursor, level, due = _planned(plan, t, cursor, level)
         slot = plan.slot_ids[cursor]
         when = jnp.logical_and(due[0], due[1] == plan.steps[cursor])
-        when = jnp.logical_and(when, going(state))  # a step is taken from x_t
+        when = jnp.logical_and(when, going_now)
         cursor = cursor + when.astype(jnp.int32)
         storage = _tape.store(storage, slot, x, when)
         positions = positions.at[slot].set(jnp.where(when, t, positions[slot]))
-        stop = _next_due(plan, cursor, level, t)
-        return (*stepping, storage, positions, cursor, level, stop)
+        return (t, x, *rest, storage, positions, cursor, level, stop)
 
     def store_event(state):
+        """A store event, after a run of steps that may have ended the loop, and
+        the next step that may store."""
+        state = store_if_due(state, going(state))
+        *state, cursor, level, _ = state
+        return (*state, cursor, level, _next_due(plan, cursor, level, state[0]))
+
+    def store_and_step(state):
+        return step(store_if_due(state))
+
+    def steps_then_store(state):
         # the steps up to the next store event, carrying nothing else; the store
         # comes after them so that the inner loop takes the carry as it is
         stepping, rest = state[:6], state[6:]
@@ -190,12 +202,16 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
         stepping = varying_while_loop(
             lambda s: jnp.logical_and(s[0] < stop, going(s)), step, stepping
         )
-        return store_if_due((*stepping, *rest))
+        return store_event((*stepping, *rest))
 
     zero = jnp.array(0, jnp.int32)
-    # a loop that cannot pass the horizon never changes level (the same program
-    # either way, so temporary memory does not depend on `max_steps`)
-    horizon = INT32_MAX if plan is None or plan.horizon is None else plan.horizon
+    small = plan is not None and _body_size.is_small(body)
+    horizon = None if plan is None else plan.horizon
+    if small and horizon is None:
+        # a loop that cannot pass the horizon never changes level; the loop over
+        # store events carries one anyway, so its temporary memory does not
+        # depend on `max_steps`
+        horizon = INT32_MAX
     state = (
         zero,
         loop.init,
@@ -206,14 +222,18 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
         _tape.empty(loop.init, slots),
         jnp.full((slots,), _tape.UNUSED, jnp.int32),
         zero,
-        (jnp.array(1, jnp.int32), jnp.array(horizon, jnp.int32)),
+        None
+        if horizon is None
+        else (jnp.array(1, jnp.int32), jnp.array(horizon, jnp.int32)),
         zero,
     )
     if plan is None:
         outer = store_every_step
+    elif small:
+        outer = steps_then_store
+        state = store_event(state)
     else:
-        outer = store_event
-        state = store_if_due(state)
+        outer = store_and_step
     length, x, bufs, _, _, trips, storage, positions, *_ = varying_while_loop(
         going, outer, state
     )

@@ -32,14 +32,13 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, TYPE_CHECKING
 
 import jax
-import jax.extend.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 from jax import lax
 from jaxtyping import Array, Int, PyTree
 
-from . import _tape
+from . import _body_size, _tape
 from ._batching import select_if_batched
 from ._schedule import binomial_table
 from ._shard_map import varying_while_loop
@@ -57,24 +56,10 @@ SPLIT_LENGTH = 2**17
 # buffers' cotangents up to this many bytes in all are cheaper to copy than to keep
 # in place (see `_Sweep.reverse_step`)
 SMALL_BUFFERS = 16 * 1024
-# bodies up to this many equations (nested ones included) get the sweep's fast
-# structure: runs of stored inputs reversed in a nested loop, and store-every-step
-# recomputation in a loop of its own (one more copy of the step). Both save control
-# work per step but cost compile time, which grows with the body; a larger body's
-# steps cost far more than their control.
-SMALL_BODY = 64
 
 
 def _nbytes(tree) -> int:
     return sum(x.size * x.dtype.itemsize for x in jtu.tree_leaves(tree))
-
-
-def _equations(jaxpr) -> int:
-    """Equations in `jaxpr`, those of the jaxprs inside it included."""
-    return sum(
-        1 + sum(map(_equations, jax.extend.core.jaxprs_in_params(e.params)))
-        for e in jaxpr.eqns
-    )
 
 
 def split_rule(slots: int, max_length: int) -> Callable:
@@ -147,7 +132,9 @@ class _Sweep:
         self.every_step_stored = (
             config.max_steps is not None and config.checkpoints >= config.max_steps
         )
-        self.fast = _equations(step.body.jaxpr) <= SMALL_BODY
+        # small bodies: runs of stored inputs reversed in a nested loop, and
+        # store-every-step recomputation in a loop of its own (see `_body_size`)
+        self.fast = _body_size.is_small(step.body)
         # sort the checkpoints by position (unused slots sort last)
         self.order = jnp.argsort(tape.positions).astype(jnp.int32)
 

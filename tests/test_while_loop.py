@@ -10,7 +10,7 @@ import pytest
 from jax import lax
 
 import boundedloop as bl
-from boundedloop import _reverse_sweep, _schedule
+from boundedloop import _body_size, _schedule
 from boundedloop._schedule import (
     gradient_body_evaluations,
     offline_placement,
@@ -110,10 +110,11 @@ def _while_loops(jaxpr) -> int:
     )
 
 
-def test_large_bodies_get_the_compact_reverse_sweep(monkeypatch):
-    """Bodies over `SMALL_BODY` equations are reversed one step per iteration with
-    two recomputation loops (fewer loops and copies of the step to compile): the
-    same schedule, so the same body evaluations, and the same gradients."""
+def test_large_bodies_get_compact_sweeps(monkeypatch):
+    """Bodies over `SMALL_BODY` equations get one forward loop, and are reversed one
+    step per iteration with two recomputation loops (fewer loops and copies of the
+    step to compile): the same schedule, so the same body evaluations, and the same
+    gradients."""
     counter = Counter()
 
     def gradient():  # a new function each time: traced afresh
@@ -136,8 +137,9 @@ def test_large_bodies_get_the_compact_reverse_sweep(monkeypatch):
         )
 
     fast = loops()
-    monkeypatch.setattr(_reverse_sweep, "SMALL_BODY", 0)
-    assert loops() == fast - 2
+    monkeypatch.setattr(_body_size, "SMALL_BODY", 0)
+    # the forward's one loop instead of two, the reverse's two fewer
+    assert loops() == fast - 3
     for checkpoints in [1, 2, 3, 8]:
         f = jax.jit(gradient(), static_argnums=3)
         for limit in [0, 1, 5, 13, 30]:
