@@ -4,12 +4,16 @@ Once the forward sweep has ended the trip count is known, so each segment betwee
 stored checkpoints is reversed offline-optimally (Griewank and Walther's binomial
 schedule, `_schedule.revolve_split`). Each iteration of the sweep's loop recomputes
 the input of step `end - 1` from the top checkpoint, storing the checkpoints the
-schedule places on the way, and then reverses steps (vector-Jacobian products) in a
-tight inner loop for as long as the next step's input is on top of the stack. The
-recomputation is itself tight loops: forward steps between store events, so the
-schedule's arithmetic runs once per stored checkpoint, and a step and a store per
-iteration once the rest of a segment fits the free slots. Loop iterations therefore
-stay close to body evaluations. `_schedule.reverse_events` is its pure-Python twin.
+schedule places on the way, and reverses that step (a vector-Jacobian product). The
+recomputation is tight loops of forward steps between store events, so the
+schedule's arithmetic runs once per stored checkpoint.
+
+A small body (see `_body_size`) gets two more loops, so that loop iterations stay
+close to body evaluations: once the rest of a segment fits the free slots, a loop
+of a step and a store per iteration; and after the recomputed step, a loop that
+reverses the steps below it for as long as the next step's input is on top of the
+stack. A larger body's steps cost far more than this control, and each loop is one
+more to compile. `_schedule.reverse_events` is the sweep's pure-Python twin.
 
 The checkpoints form a stack ordered by position. `order[:depth]` are the slots in
 use, bottom to top; `order[depth:]` are free. The top segment `[order_pos[top],
