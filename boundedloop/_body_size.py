@@ -1,24 +1,47 @@
-"""How big a traced body is. The sweeps pick their loop structure by it: nested
-loops that save control work on every step pay off for small bodies, whose steps
-cost little next to their control, but each is one more loop (and copy of the step)
-for XLA to compile, which costs more the larger the body is."""
+"""How costly a traced body's steps are next to a sweep's control. The sweeps pick
+their loop structure by it: nested loops that save control work on every step pay
+off for cheap steps, but each is one more loop (and copy of the step) for XLA to
+compile, which costs more the larger the body is, and saves next to nothing when
+the body's own arithmetic dominates."""
+
+import math
 
 import jax.extend.core
 
 
-# bodies up to this many equations (nested ones included) are small
+# a body with at most this many equations (nested ones included) is cheap
 SMALL_BODY = 64
+# so is one whose equations produce at most this many elements each on average (a
+# dot counting its multiply-adds): its steps cost per operation, as the control does
+LIGHT_WORK = 16
 
 
 def equations(jaxpr) -> int:
-    """Equations in `jaxpr`, those of the jaxprs inside it included."""
+    """Equations in `jaxpr`, those of the jaxprs inside it included (once)."""
     return sum(
         1 + sum(map(equations, jax.extend.core.jaxprs_in_params(e.params)))
         for e in jaxpr.eqns
     )
 
 
-def is_small(body) -> bool:
-    """Whether the traced (closure-converted) `body` has at most `SMALL_BODY`
-    equations."""
-    return equations(body.jaxpr) <= SMALL_BODY
+def work(jaxpr) -> int:
+    """Elements `jaxpr`'s equations produce, a dot's multiply-adds counted twice, and
+    those of the jaxprs inside it (once)."""
+    total = 0
+    for e in jaxpr.eqns:
+        if e.primitive.name == "dot_general":
+            (contracted, _), _ = e.params["dimension_numbers"]
+            lhs = e.invars[0].aval.shape
+            size = 2 * math.prod(lhs[d] for d in contracted)
+            total += size * math.prod(e.outvars[0].aval.shape)
+        else:
+            total += sum(math.prod(getattr(v.aval, "shape", ())) for v in e.outvars)
+        total += sum(map(work, jax.extend.core.jaxprs_in_params(e.params)))
+    return total
+
+
+def is_cheap(body) -> bool:
+    """Whether the traced (closure-converted) `body`'s steps are cheap: at most
+    `SMALL_BODY` equations, or at most `LIGHT_WORK` elements per equation."""
+    n = equations(body.jaxpr)
+    return n <= SMALL_BODY or work(body.jaxpr) <= LIGHT_WORK * n

@@ -136,10 +136,10 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
     """The forward sweep of a differentiated loop: `plain_sweep`, storing the
     checkpoints `_schedule.store_plan` places.
 
-    With a plan and a small body (see `_body_size`), a loop over store events,
+    With a plan and cheap steps (see `_body_size`), a loop over store events,
     each followed by a tight loop of steps up to the next one, so that no step pays
-    for a store it does not make; with a larger one, one loop that stores where due
-    (fewer loops to compile).
+    for a store it does not make; with costlier steps, one loop that stores where
+    due (fewer loops to compile).
 
     **Returns:**
 
@@ -205,9 +205,9 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
         return store_event((*stepping, *rest))
 
     zero = jnp.array(0, jnp.int32)
-    small = plan is not None and _body_size.is_small(body)
+    cheap = plan is not None and _body_size.is_cheap(body)
     horizon = None if plan is None else plan.horizon
-    if small and horizon is None:
+    if cheap and horizon is None:
         # a loop that cannot pass the horizon never changes level; the loop over
         # store events carries one anyway, so its temporary memory does not
         # depend on `max_steps`
@@ -229,7 +229,7 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
     )
     if plan is None:
         outer = store_every_step
-    elif small:
+    elif cheap:
         outer = steps_then_store
         state = store_event(state)
     else:

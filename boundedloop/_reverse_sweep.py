@@ -8,12 +8,12 @@ schedule places on the way, and reverses that step (a vector-Jacobian product). 
 recomputation is tight loops of forward steps between store events, so the
 schedule's arithmetic runs once per stored checkpoint.
 
-A small body (see `_body_size`) gets two more loops, so that loop iterations stay
-close to body evaluations: once the rest of a segment fits the free slots, a loop
-of a step and a store per iteration; and after the recomputed step, a loop that
-reverses the steps below it for as long as the next step's input is on top of the
-stack. A larger body's steps cost far more than this control, and each loop is one
-more to compile. `_schedule.reverse_events` is the sweep's pure-Python twin.
+A body with cheap steps (see `_body_size`) gets two more loops, so that loop
+iterations stay close to body evaluations: once the rest of a segment fits the free
+slots, a loop of a step and a store per iteration; and after the recomputed step, a
+loop that reverses the steps below it for as long as the next step's input is on
+top of the stack. Costlier steps dwarf this control, and each loop is one more to
+compile. `_schedule.reverse_events` is the sweep's pure-Python twin.
 
 The checkpoints form a stack ordered by position. `order[:depth]` are the slots in
 use, bottom to top; `order[depth:]` are free. The top segment `[order_pos[top],
@@ -136,9 +136,9 @@ class _Sweep:
         self.every_step_stored = (
             config.max_steps is not None and config.checkpoints >= config.max_steps
         )
-        # small bodies: runs of stored inputs reversed in a nested loop, and
+        # cheap steps: runs of stored inputs reversed in a nested loop, and
         # store-every-step recomputation in a loop of its own (see `_body_size`)
-        self.fast = _body_size.is_small(step.body)
+        self.fast = _body_size.is_cheap(step.body)
         # sort the checkpoints by position (unused slots sort last)
         self.order = jnp.argsort(tape.positions).astype(jnp.int32)
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import boundedloop as bl
+from boundedloop import _body_size
 from boundedloop._reverse_sweep import split_rule
 from boundedloop._schedule import (
     forward_placement,
@@ -14,6 +15,7 @@ from boundedloop._schedule import (
     reverse_events,
     revolve_split,
 )
+from boundedloop._trace import trace_loop
 
 from .helpers import Counter
 
@@ -128,3 +130,24 @@ def test_loop_phases_are_named():
         lambda x: bl.while_loop(lambda c: c < 3.0, lambda c: c + 1.0, x, max_steps=5)
     )(1.0)
     assert "boundedloop_forward" in " ".join(_name_stacks(forward.jaxpr))
+
+
+def test_which_steps_count_as_cheap():
+    """`_body_size.is_cheap`: few equations, or many on few elements each (a
+    solver's scalar bookkeeping) are cheap; many on large arrays are not."""
+
+    def body_of(step, init):
+        return trace_loop(lambda c: c[1] < 3, step, init, None, "test").body
+
+    def chain(x, n):
+        for _ in range(n):
+            x = jnp.sin(x) * 1.01
+        return x
+
+    small = body_of(lambda c: (jnp.tanh(c[0]), c[1] + 1), (jnp.ones(4), 0))
+    scalars = body_of(lambda c: (chain(c[0], 60), c[1] + 1), (jnp.ones(()), 0))
+    wide = body_of(lambda c: (chain(c[0], 60), c[1] + 1), (jnp.ones(256), 0))
+    assert _body_size.equations(scalars.jaxpr) > _body_size.SMALL_BODY
+    assert _body_size.is_cheap(small)
+    assert _body_size.is_cheap(scalars)
+    assert not _body_size.is_cheap(wide)
