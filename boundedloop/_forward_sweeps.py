@@ -12,10 +12,11 @@ Each sweep is a named scope (`boundedloop_forward`, ...), so jaxprs and profiles
 show which phase a loop is.
 """
 
-from typing import TYPE_CHECKING
+from typing import Any, NamedTuple, TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
+from jaxtyping import Array, Int, PyTree
 
 from . import _body_size, _progress, _tape
 from ._batching import any_across_batch, select_if_batched
@@ -131,6 +132,89 @@ def _next_due(plan, cursor, level, t):
     return jnp.maximum(due, t + 1)  # always progress
 
 
+class _Stores(NamedTuple):
+    """The checkpointed forward's store bookkeeping, carried next to the step's."""
+
+    storage: PyTree[Array]  # a row per slot
+    positions: Int[Array, " slots"]  # the step whose state each slot holds
+    cursor: Int[Array, ""]  # the plan's next store
+    level: Any  # `(stride, level_end)` (see `_planned`), or None
+    stop: Int[Array, ""]  # the next step that may store (store events only)
+
+
+class _Planner:
+    """Stores where the plan says (see `_schedule.Plan`)."""
+
+    def __init__(self, plan):
+        self.plan = plan._replace(
+            steps=jnp.asarray(plan.steps), slot_ids=jnp.asarray(plan.slot_ids)
+        )
+
+    def store_if_due(self, t, x, stores: _Stores, going=True) -> _Stores:
+        """Store `x_t` if the plan says so and the loop goes on from it."""
+        plan = self.plan
+        cursor, level, due = _planned(plan, t, stores.cursor, stores.level)
+        slot = plan.slot_ids[cursor]
+        when = jnp.logical_and(due[0], due[1] == plan.steps[cursor])
+        when = jnp.logical_and(when, going)
+        positions = stores.positions
+        positions = positions.at[slot].set(jnp.where(when, t, positions[slot]))
+        return stores._replace(
+            storage=_tape.store(stores.storage, slot, x, when),
+            positions=positions,
+            cursor=cursor + when.astype(jnp.int32),
+            level=level,
+        )
+
+    def store_event(self, t, x, stores: _Stores, going) -> _Stores:
+        """`store_if_due` after a run of steps that may have ended the loop, and
+        the next step that may store."""
+        stores = self.store_if_due(t, x, stores, going)
+        return stores._replace(
+            stop=_next_due(self.plan, stores.cursor, stores.level, t)
+        )
+
+
+def _initial_stores(loop: TracedLoop, slots: int, plan, events: bool) -> _Stores:
+    """Empty storage, and the plan's level if the loop can pass its horizon (or
+    runs by store `events`: then always, so that its temporary memory does not
+    depend on `max_steps`)."""
+    zero = jnp.array(0, jnp.int32)
+    level = None
+    horizon = None if plan is None else plan.horizon
+    if events and horizon is None:
+        horizon = INT32_MAX  # never reached: the level never changes
+    if horizon is not None:
+        level = (jnp.array(1, jnp.int32), jnp.array(horizon, jnp.int32))
+    return _Stores(
+        _tape.empty(loop.init, slots),
+        jnp.full((slots,), _tape.UNUSED, jnp.int32),
+        zero,
+        level,
+        zero,
+    )
+
+
+def _stepping(loop: TracedLoop, body, max_steps, meter):
+    """`(going, step)` on `(t, x, bufs, written, active, trips)`: whether the loop
+    goes on, and one masked step, counting each element's trips."""
+
+    def going(stepping):
+        t, active = stepping[0], stepping[4]
+        return jnp.logical_and(_within(t, max_steps), any_across_batch(active))
+
+    def step(stepping):
+        t, x, bufs, written, active, trips = stepping
+        new_x, bufs, written = advance(body, loop.layout, x, bufs, active, written)
+        x = select_if_batched(active, new_x, x)
+        trips = trips + active.astype(jnp.int32)
+        active = _continue(loop, active, x, bufs, written)
+        _progress.tick(meter, t + 1)
+        return t + 1, x, bufs, written, active, trips
+
+    return going, step
+
+
 @jax.named_scope("boundedloop_checkpointed_forward")
 def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
     """The forward sweep of a differentiated loop: `plain_sweep`, storing the
@@ -149,101 +233,56 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
     max_steps, slots = config.max_steps, config.checkpoints
     meter = _progress.start(max_steps)  # None unless `bl.progress_meter` is on
     plan = store_plan(slots, max_steps, config.known_length)
-    if plan is not None:
-        plan = plan._replace(
-            steps=jnp.asarray(plan.steps), slot_ids=jnp.asarray(plan.slot_ids)
-        )
 
-    def going(state):
-        t, _, _, _, active, *_ = state
-        return jnp.logical_and(_within(t, max_steps), any_across_batch(active))
-
-    def step(state):
-        t, x, bufs, written, active, trips, *rest = state
-        new_x, bufs, written = advance(body, loop.layout, x, bufs, active, written)
-        x = select_if_batched(active, new_x, x)
-        trips = trips + active.astype(jnp.int32)
-        active = _continue(loop, active, x, bufs, written)
-        _progress.tick(meter, t + 1)
-        return (t + 1, x, bufs, written, active, trips, *rest)
+    # the carry: `stepping = (t, x, bufs, written, active, trips)` and `_Stores`
+    going, step = _stepping(loop, body, max_steps, meter)
 
     def store_every_step(state):
-        t, x, *rest, storage, positions, cursor, level, stop = state
-        storage = _tape.store(storage, t, x)  # slot t holds x_t
-        return step((t, x, *rest, storage, positions, cursor, level, stop))
-
-    def store_if_due(state, going_now=True):
-        """Store `x_t` if the plan says so and the loop goes on from it."""
-        t, x, *rest, storage, positions, cursor, level, stop = state
-        cursor, level, due = _planned(plan, t, cursor, level)
-        slot = plan.slot_ids[cursor]
-        when = jnp.logical_and(due[0], due[1] == plan.steps[cursor])
-        when = jnp.logical_and(when, going_now)
-        cursor = cursor + when.astype(jnp.int32)
-        storage = _tape.store(storage, slot, x, when)
-        positions = positions.at[slot].set(jnp.where(when, t, positions[slot]))
-        return (t, x, *rest, storage, positions, cursor, level, stop)
-
-    def store_event(state):
-        """A store event, after a run of steps that may have ended the loop, and
-        the next step that may store."""
-        state = store_if_due(state, going(state))
-        *state, cursor, level, _ = state
-        return (*state, cursor, level, _next_due(plan, cursor, level, state[0]))
+        stepping, stores = state
+        t, x = stepping[:2]  # slot t holds x_t
+        return step(stepping), stores._replace(
+            storage=_tape.store(stores.storage, t, x)
+        )
 
     def store_and_step(state):
-        return step(store_if_due(state))
+        stepping, stores = state
+        return step(stepping), planner.store_if_due(*stepping[:2], stores)
 
     def steps_then_store(state):
         # the steps up to the next store event, carrying nothing else; the store
         # comes after them so that the inner loop takes the carry as it is
-        stepping, rest = state[:6], state[6:]
-        stop = rest[-1]
+        stepping, stores = state
         stepping = varying_while_loop(
-            lambda s: jnp.logical_and(s[0] < stop, going(s)), step, stepping
+            lambda s: jnp.logical_and(s[0] < stores.stop, going(s)), step, stepping
         )
-        return store_event((*stepping, *rest))
+        return stepping, planner.store_event(*stepping[:2], stores, going(stepping))
 
     zero = jnp.array(0, jnp.int32)
+    active = jnp.asarray(loop.cond(loop.init, loop.bufs), bool)
+    written = None if loop.checked_body is None else _masks(loop.bufs)
+    stepping = (zero, loop.init, loop.bufs, written, active, zero)
     cheap = plan is not None and _body_size.is_cheap(body)
-    horizon = None if plan is None else plan.horizon
-    if cheap and horizon is None:
-        # a loop that cannot pass the horizon never changes level; the loop over
-        # store events carries one anyway, so its temporary memory does not
-        # depend on `max_steps`
-        horizon = INT32_MAX
-    state = (
-        zero,
-        loop.init,
-        loop.bufs,
-        None if loop.checked_body is None else _masks(loop.bufs),
-        jnp.asarray(loop.cond(loop.init, loop.bufs), bool),
-        zero,
-        _tape.empty(loop.init, slots),
-        jnp.full((slots,), _tape.UNUSED, jnp.int32),
-        zero,
-        None
-        if horizon is None
-        else (jnp.array(1, jnp.int32), jnp.array(horizon, jnp.int32)),
-        zero,
-    )
+    stores = _initial_stores(loop, slots, plan, events=cheap)
     if plan is None:
         outer = store_every_step
-    elif cheap:
-        outer = steps_then_store
-        state = store_event(state)
     else:
+        planner = _Planner(plan)
         outer = store_and_step
-    length, x, bufs, _, _, trips, storage, positions, *_ = varying_while_loop(
-        going, outer, state
+        if cheap:
+            outer = steps_then_store
+            stores = planner.store_event(*stepping[:2], stores, going(stepping))
+    stepping, stores = varying_while_loop(
+        lambda state: going(state[0]), outer, (stepping, stores)
     )
+    length, x, bufs, _, _, trips = stepping
     _progress.done(meter, length)
+    positions = stores.positions
     if plan is None:
         steps = jnp.arange(slots, dtype=jnp.int32)
         positions = jnp.where(steps < length, steps, _tape.UNUSED)
     # the check travels with the trip count too, which every backward pass reads
     x, bufs, length = _finish(loop, config, (x, bufs, length))
-    return (x, bufs), Tape(storage, positions, trips, length, bufs)
+    return (x, bufs), Tape(stores.storage, positions, trips, length, bufs)
 
 
 @jax.named_scope("boundedloop_replay")
