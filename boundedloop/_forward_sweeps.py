@@ -106,29 +106,32 @@ def plain_sweep(loop: TracedLoop, config: "LoopConfig"):
     return _finish(loop, config, (x, bufs))
 
 
+def _scaled(step, stride):
+    """`step * stride`, saturating at `INT32_MAX` (the plan's sentinel stays one)."""
+    return jnp.where(step > INT32_MAX // stride, INT32_MAX, step * stride)
+
+
 def _planned(plan, t, cursor, level):
-    """Where step `t` stands in `plan`: `(cursor, level, (aligned, u))`, storing at
-    `t` if `aligned` and `u` is the plan's next step. `level` is `(stride,
+    """Where step `t` stands in `plan`: `(cursor, level, due)`, storing at `t` if
+    `t == due`, the plan's next step at the current stride. `level` is `(stride,
     level_end)`: past the horizon the plan's second half replays at that stride (see
     `_schedule.Plan`); `None` for a loop that cannot pass the horizon."""
     if level is None:
-        return cursor, level, (True, t)
+        return cursor, level, plan.steps[cursor]
     stride, level_end = level
     new_level = t == level_end  # at the horizon, and at each doubling of it
     cursor = jnp.where(new_level, plan.restart, cursor)
     stride = jnp.where(new_level, 2 * stride, stride)
     doubled = jnp.where(level_end > INT32_MAX // 2, INT32_MAX, 2 * level_end)
     level_end = jnp.where(new_level, doubled, level_end)
-    return cursor, (stride, level_end), (t % stride == 0, t // stride)
+    return cursor, (stride, level_end), _scaled(plan.steps[cursor], stride)
 
 
 def _next_due(plan, cursor, level, t):
     """The first step after `t` at which `_planned` may store or change level: the
     step of `plan.steps[cursor]` at the current stride, or the level's end."""
     stride, level_end = level
-    step = plan.steps[cursor]
-    scaled = jnp.where(step > INT32_MAX // stride, INT32_MAX, step * stride)
-    due = jnp.minimum(scaled, level_end)
+    due = jnp.minimum(_scaled(plan.steps[cursor], stride), level_end)
     return jnp.maximum(due, t + 1)  # always progress
 
 
@@ -155,8 +158,7 @@ class _Planner:
         plan = self.plan
         cursor, level, due = _planned(plan, t, stores.cursor, stores.level)
         slot = plan.slot_ids[cursor]
-        when = jnp.logical_and(due[0], due[1] == plan.steps[cursor])
-        when = jnp.logical_and(when, going)
+        when = jnp.logical_and(t == due, going)
         positions = stores.positions
         positions = positions.at[slot].set(jnp.where(when, t, positions[slot]))
         return stores._replace(
