@@ -136,6 +136,15 @@ class ReversibleStep:
         replaced = select_if_batched(active, d_dense, ct_dense)
         return d_body, d_x, BufferUpdates(tuple(cleared), added, replaced)
 
+    def reads_whole_buffer(self, updates: BufferUpdates, ct_bufs) -> bool:
+        """Whether some read's cotangent in `updates` (abstract) is as large as its
+        buffer's (the step reads all of it, as a stage loop reads its stages)."""
+        read_leaves = [self.layout.read_leaves[k] for k in self.float_reads]
+        return any(
+            d.size >= ct_bufs[leaf].size
+            for leaf, (_, _, d) in zip(read_leaves, updates.added)
+        )
+
     def no_updates(self, updates: BufferUpdates, ct_bufs) -> BufferUpdates:
         """Updates shaped like `updates` (abstract) that change nothing."""
         zeros = jtu.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), updates)

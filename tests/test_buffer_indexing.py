@@ -9,6 +9,7 @@ import pytest
 from jax import lax
 
 import boundedloop as bl
+from boundedloop import _reverse_sweep
 
 from .helpers import tree_allclose
 
@@ -97,6 +98,30 @@ def test_values_and_gradients_match_scan(name, checkpoints):
     expected = jax.value_and_grad(functools.partial(reference, name))(X)
     got = jax.jit(jax.value_and_grad(ours(name, checkpoints)))(X)
     assert tree_allclose(got, expected, rtol=1e-5)
+
+
+def _conds(jaxpr) -> int:
+    count = 0
+    for eqn in jaxpr.eqns:
+        count += eqn.primitive.name == "cond"
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            count += _conds(sub)
+    return count
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_large_buffers_keep_their_cotangent_in_place_unless_read_whole(
+    name, monkeypatch
+):
+    """Past `SMALL_BUFFERS` a reversed step orders its buffer reads before the
+    in-place updates with a `lax.cond`, except when it reads a whole buffer (the
+    update touches all of the cotangent anyway). Either way the gradients hold."""
+    monkeypatch.setattr(_reverse_sweep, "SMALL_BUFFERS", 0)
+    expected = jax.value_and_grad(functools.partial(reference, name))(X)
+    got = jax.jit(jax.value_and_grad(ours(name, 2)))(X)
+    assert tree_allclose(got, expected, rtol=1e-5)
+    jaxpr = jax.make_jaxpr(jax.grad(ours(name, 2)))(X).jaxpr
+    assert (_conds(jaxpr) == 0) == (name == "whole")
 
 
 @pytest.mark.parametrize("name", ["row_then_tail", "negative_step"])
