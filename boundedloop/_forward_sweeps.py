@@ -42,11 +42,23 @@ def _masks(bufs):
     return tuple(jnp.zeros(b.shape, bool) for b in bufs), (none, none)
 
 
-def _continue(loop, active, x, bufs, written):
-    active = jnp.logical_and(active, loop.cond(x, bufs))
+def _going_on(loop, x, bufs, written):
+    """Each element's predicate at `x`, with the buffer checks' violations raised."""
+    going = jnp.asarray(loop.cond(x, bufs), bool)
     if written is not None:
-        active = raise_violations(active, written[1])
-    return active
+        going = raise_violations(going, written[1])
+    return going
+
+
+def _active(loop, x, bufs, written):
+    """Inside a masked loop's body: which elements step. The loop runs while any
+    element's predicate holds, so without a batch this is `True` and the predicate
+    is evaluated once per step, in the loop's condition (as `lax.while_loop`
+    evaluates it); under `vmap` it is each element's predicate. An element that
+    stops keeps its carry and buffers, so its predicate stays false."""
+    going = _going_on(loop, x, bufs, written)
+    # `going | True`: true, typed as `going` (inside `shard_map` too)
+    return select_if_batched(going, jnp.logical_or(going, True), going)
 
 
 def _finish(loop: TracedLoop, config: "LoopConfig", tree):
@@ -88,20 +100,21 @@ def plain_sweep(loop: TracedLoop, config: "LoopConfig"):
         return _finish(loop, config, (final, ()))
 
     def masked_cond(state):
-        t, _, _, _, active = state
-        return jnp.logical_and(_within(t, max_steps), any_across_batch(active))
+        t, x, bufs, written = state
+        going = any_across_batch(_going_on(loop, x, bufs, written))
+        return jnp.logical_and(_within(t, max_steps), going)
 
     def masked_step(state):
-        t, x, bufs, written, active = state
+        t, x, bufs, written = state
+        active = _active(loop, x, bufs, written)
         new_x, bufs, written = advance(body, loop.layout, x, bufs, active, written)
         x = select_if_batched(active, new_x, x)
         _progress.tick(meter, t + 1)
-        return t + 1, x, bufs, written, _continue(loop, active, x, bufs, written)
+        return t + 1, x, bufs, written
 
     written = None if loop.checked_body is None else _masks(loop.bufs)
-    active = jnp.asarray(loop.cond(loop.init, loop.bufs), bool)
-    state = (jnp.array(0, jnp.int32), loop.init, loop.bufs, written, active)
-    t, x, bufs, _, _ = varying_while_loop(masked_cond, masked_step, state)
+    state = (jnp.array(0, jnp.int32), loop.init, loop.bufs, written)
+    t, x, bufs, _ = varying_while_loop(masked_cond, masked_step, state)
     _progress.done(meter, t)
     return _finish(loop, config, (x, bufs))
 
@@ -198,21 +211,22 @@ def _initial_stores(loop: TracedLoop, slots: int, plan, events: bool) -> _Stores
 
 
 def _stepping(loop: TracedLoop, body, max_steps, meter):
-    """`(going, step)` on `(t, x, bufs, written, active, trips)`: whether the loop
-    goes on, and one masked step, counting each element's trips."""
+    """`(going, step)` on `(t, x, bufs, written, trips)`: whether the loop goes
+    on, and one masked step, counting each element's trips."""
 
     def going(stepping):
-        t, active = stepping[0], stepping[4]
-        return jnp.logical_and(_within(t, max_steps), any_across_batch(active))
+        t, x, bufs, written, _ = stepping
+        on = any_across_batch(_going_on(loop, x, bufs, written))
+        return jnp.logical_and(_within(t, max_steps), on)
 
     def step(stepping):
-        t, x, bufs, written, active, trips = stepping
+        t, x, bufs, written, trips = stepping
+        active = _active(loop, x, bufs, written)
         new_x, bufs, written = advance(body, loop.layout, x, bufs, active, written)
         x = select_if_batched(active, new_x, x)
         trips = trips + active.astype(jnp.int32)
-        active = _continue(loop, active, x, bufs, written)
         _progress.tick(meter, t + 1)
-        return t + 1, x, bufs, written, active, trips
+        return t + 1, x, bufs, written, trips
 
     return going, step
 
@@ -236,7 +250,7 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
     meter = _progress.start(max_steps)  # None unless `bl.progress_meter` is on
     plan = store_plan(slots, max_steps, config.known_length)
 
-    # the carry: `stepping = (t, x, bufs, written, active, trips)` and `_Stores`
+    # the carry: `stepping = (t, x, bufs, written, trips)` and `_Stores`
     going, step = _stepping(loop, body, max_steps, meter)
 
     def store_every_step(state):
@@ -260,9 +274,8 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
         return stepping, planner.store_event(*stepping[:2], stores, going(stepping))
 
     zero = jnp.array(0, jnp.int32)
-    active = jnp.asarray(loop.cond(loop.init, loop.bufs), bool)
     written = None if loop.checked_body is None else _masks(loop.bufs)
-    stepping = (zero, loop.init, loop.bufs, written, active, zero)
+    stepping = (zero, loop.init, loop.bufs, written, zero)
     cheap = plan is not None and _body_size.is_cheap(body)
     stores = _initial_stores(loop, slots, plan, events=cheap)
     if plan is None:
@@ -276,7 +289,7 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
     stepping, stores = varying_while_loop(
         lambda state: going(state[0]), outer, (stepping, stores)
     )
-    length, x, bufs, _, _, trips = stepping
+    length, x, bufs, _, trips = stepping
     _progress.done(meter, length)
     positions = stores.positions
     if plan is None:
