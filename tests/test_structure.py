@@ -17,7 +17,7 @@ from boundedloop._schedule import (
 )
 from boundedloop._trace import trace_loop
 
-from .helpers import Counter
+from .helpers import Counter, tree_allclose
 
 
 def recorded_gradient(n, max_steps, checkpoints):
@@ -151,3 +151,59 @@ def test_which_steps_count_as_cheap():
     assert _body_size.is_cheap(small)
     assert _body_size.is_cheap(scalars)
     assert not _body_size.is_cheap(wide)
+
+
+
+def _carries(jaxpr, phase):
+    """The carried avals of every while loop whose name stack mentions `phase`."""
+    out = []
+    for eqn in jaxpr.eqns:
+        name = str(eqn.source_info.name_stack)
+        if eqn.primitive.name == "while" and phase in name:
+            out.append([v.aval for v in eqn.params["body_jaxpr"].jaxpr.invars])
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            out += _carries(sub, phase)
+    return out
+
+
+def _trajectory(x, loop):
+    def body(c):
+        x, buf, i = c
+        return x * 1.1, buf.at[i].set(x), i + 1
+
+    return loop(lambda c: jnp.cos(c[0]) > 0.5, body, (x, jnp.zeros(8), jnp.array(0)))
+
+
+def test_masked_sweeps_test_the_predicate_once_per_step():
+    """A loop with buffers runs masked (so `vmap` keeps its control unbatched),
+    yet unbatched it carries no flag of its own and evaluates the predicate once
+    per step, in the loop's condition, as `lax.while_loop` does."""
+
+    def ours(x):
+        return _trajectory(
+            x,
+            lambda *a: bl.while_loop(*a, max_steps=8, buffers=lambda c: c[1]),
+        )
+
+    def reference(x):
+        def loop(cond, body, init):
+            return jax.lax.while_loop(lambda c: cond(c) & (c[2] < 8), body, init)
+
+        return _trajectory(x, loop)
+
+    x = jnp.array(0.1)
+    assert jax.jit(ours).lower(x).compile().as_text().count(" cosine(") == 1
+    programs = {
+        "boundedloop_forward": jax.make_jaxpr(ours)(x),
+        "boundedloop_checkpointed_forward": jax.make_jaxpr(
+            jax.grad(lambda x: ours(x)[0])
+        )(x),
+    }
+    for phase, program in programs.items():
+        carries = _carries(program.jaxpr, phase)
+        assert carries, phase
+        for avals in carries:
+            assert not any(a.dtype == jnp.bool_ and a.shape == () for a in avals)
+    # under vmap each element stops at its own step (here after 8 and 6)
+    xs = jnp.array([0.1, 0.6])
+    assert tree_allclose(jax.vmap(ours)(xs), jax.vmap(reference)(xs))
