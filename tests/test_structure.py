@@ -153,7 +153,6 @@ def test_which_steps_count_as_cheap():
     assert not _body_size.is_cheap(wide)
 
 
-
 def _carries(jaxpr, phase):
     """The carried avals of every while loop whose name stack mentions `phase`."""
     out = []
