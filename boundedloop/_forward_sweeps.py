@@ -181,6 +181,20 @@ class _Planner:
             level=level,
         )
 
+    def first_store(self, x0, stores: _Stores) -> _Stores:
+        """`stores` holding `x_0` in slot 0, as the plan's first store, even if
+        the loop takes no step (the reverse sweep then reads nothing), and the
+        next step that may store: all but `x_0` known while tracing."""
+        zero = jnp.array(0, jnp.int32)
+        stores = stores._replace(
+            storage=_tape.store(stores.storage, 0, x0),
+            positions=stores.positions.at[0].set(0),
+            cursor=jnp.array(1, jnp.int32),
+        )
+        return stores._replace(
+            stop=_next_due(self.plan, stores.cursor, stores.level, zero)
+        )
+
     def store_event(self, t, x, stores: _Stores, going) -> _Stores:
         """`store_if_due` after a run of steps that may have ended the loop, and
         the next step that may store."""
@@ -285,7 +299,7 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
         outer = store_and_step
         if cheap:
             outer = steps_then_store
-            stores = planner.store_event(*stepping[:2], stores, going(stepping))
+            stores = planner.first_store(loop.init, stores)
     stepping, stores = varying_while_loop(
         lambda state: going(state[0]), outer, (stepping, stores)
     )
