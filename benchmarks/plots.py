@@ -280,10 +280,10 @@ def schedule(n=40, slots=4):
 
 
 def diffrax_adjoints():
-    """Time per call relative to diffrax's adjoint for the mode, both workloads of
+    """Time per call relative to diffrax's adjoint for the mode, the workloads of
     `diffrax_adjoint.py`."""
     runs = {}
-    for workload in ("neural", "long"):
+    for workload in ("neural", "long", "wide"):
         path = RESULTS / f"diffrax_adjoint_{workload}.json"
         if path.exists():
             runs[workload] = json.loads(path.read_text())
