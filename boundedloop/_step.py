@@ -155,8 +155,20 @@ class ReversibleStep:
         ct_bufs = list(ct_bufs)
         write_leaves = [w for w in self.layout.write_leaves if self.sparse[w]]
         read_leaves = [self.layout.read_leaves[k] for k in self.float_reads]
+        # a buffer the step reads whole gets a whole new cotangent anyway: its
+        # written windows are zeroed by a mask in the same pass, rather than in
+        # place (which needs the old cotangent copied for the reads of it)
+        whole = {
+            leaf
+            for leaf, (_, _, d) in zip(read_leaves, updates.added)
+            if d.size >= ct_bufs[leaf].size
+        }
         for leaf, (index, live) in zip(write_leaves, updates.cleared):
-            ct_bufs[leaf] = put(ct_bufs[leaf], index, 0, live)
+            if leaf in whole:
+                mask = put(jnp.zeros(ct_bufs[leaf].shape, bool), index, live)
+                ct_bufs[leaf] = jnp.where(mask, 0, ct_bufs[leaf])
+            else:
+                ct_bufs[leaf] = put(ct_bufs[leaf], index, 0, live)
         for leaf, (index, live, d) in zip(read_leaves, updates.added):
             here = get(ct_bufs[leaf], index)
             ct_bufs[leaf] = put(ct_bufs[leaf], index, here + d.astype(here.dtype), live)

@@ -124,7 +124,7 @@ def test_large_buffers_keep_their_cotangent_in_place_unless_read_whole(
     assert (_conds(jaxpr) == 0) == (name == "whole")
 
 
-@pytest.mark.parametrize("name", ["row_then_tail", "negative_step"])
+@pytest.mark.parametrize("name", ["row_then_tail", "negative_step", "whole"])
 def test_forward_mode_and_vmap(name):
     f = ours(name)
     ref = functools.partial(reference, name)
