@@ -12,15 +12,11 @@ to the same tests with diffrax's default adjoint.)
 import functools
 import os
 
-import diffrax
-
-from boundedloop.diffrax import CheckpointedAdjoint
-
 
 _NOT_GIVEN = object()
 
 
-def _with_our_default(diffeqsolve):
+def _with_our_default(diffeqsolve, CheckpointedAdjoint):
     @functools.wraps(diffeqsolve)
     def wrapped(*args, adjoint=_NOT_GIVEN, **kwargs):
         if adjoint is _NOT_GIVEN:
@@ -31,8 +27,14 @@ def _with_our_default(diffeqsolve):
 
 
 def pytest_configure(config):
+    # imported here, after diffrax's test configuration has installed jaxtyping's
+    # import hook (which refuses packages imported before it)
     del config
-    diffrax.diffeqsolve = _with_our_default(diffrax.diffeqsolve)
+    import diffrax
+
+    from boundedloop.diffrax import CheckpointedAdjoint
+
+    diffrax.diffeqsolve = _with_our_default(diffrax.diffeqsolve, CheckpointedAdjoint)
     if os.environ.get("BOUNDEDLOOP_REPLACE_RCA") == "1":
         # only the name tests use: diffrax's own modules keep the real class
         diffrax.RecursiveCheckpointAdjoint = CheckpointedAdjoint
