@@ -2,7 +2,7 @@
 `CheckpointedAdjoint` swapped in (`plugin.py`), one test per process, and compare.
 
     python tests/diffrax_suite/run.py DIFFRAX_SOURCE test_adjoint.py test_saveat_solution.py \\
-        [--timeout 600] [--out benchmarks/results/diffrax_suite.json]
+        [--timeout 600] [--typechecks] [--out benchmarks/results/diffrax_suite.json]
 
 `DIFFRAX_SOURCE` is a checkout of diffrax at the tag of the installed version (its
 `test/` folder is used). Each test runs in its own process because some of diffrax's
@@ -33,10 +33,17 @@ def collect(source: pathlib.Path, test_file: str) -> list[str]:
     return [line for line in out.stdout.splitlines() if "::" in line]
 
 
-def run_one(source: pathlib.Path, test_id: str, ours: bool, timeout: float) -> dict:
+def run_one(
+    source: pathlib.Path, test_id: str, ours: bool, timeout: float, typechecks: bool
+) -> dict:
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_id]
     if ours:
         command[4:4] = ["-p", "tests.diffrax_suite.plugin"]
+    if not typechecks:
+        # diffrax's pytest configuration type-checks diffrax's own functions at run
+        # time (jaxtyping + beartype); its save state's hints accept equinox's buffer
+        # class only, so they reject `bl.Buffer` (see the diffrax guide)
+        command[4:4] = ["-o", "addopts="]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     start = time.perf_counter()
     try:
@@ -71,13 +78,20 @@ def main():
     parser.add_argument("files", nargs="+")
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--out", default=None)
+    parser.add_argument(
+        "--typechecks",
+        action="store_true",
+        help="keep diffrax's run-time type checks of its own functions",
+    )
     args = parser.parse_args()
     results = []
     for test_file in args.files:
         for test_id in collect(args.source, test_file):
             row = dict(test=test_id)
             for label, ours in [("default", False), ("ours", True)]:
-                row[label] = run_one(args.source, test_id, ours, args.timeout)
+                row[label] = run_one(
+                    args.source, test_id, ours, args.timeout, args.typechecks
+                )
             results.append(row)
             print(
                 f"| {test_id} | {row['default']['outcome']} | {row['ours']['outcome']} |",
