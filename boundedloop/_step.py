@@ -136,14 +136,22 @@ class ReversibleStep:
         replaced = select_if_batched(active, d_dense, ct_dense)
         return d_body, d_x, BufferUpdates(tuple(cleared), added, replaced)
 
+    def _read_leaves(self) -> list[int]:
+        """The buffer leaf of each read in `BufferUpdates.added`."""
+        return [self.layout.read_leaves[k] for k in self.float_reads]
+
+    def wholly_read(self, updates: BufferUpdates, ct_bufs) -> set[int]:
+        """The buffers some read in `updates` covers whole (its cotangent is as
+        large as the buffer's), as a stage loop reads all its stages."""
+        return {
+            leaf
+            for leaf, (_, _, d) in zip(self._read_leaves(), updates.added)
+            if d.size >= ct_bufs[leaf].size
+        }
+
     def reads_whole_buffer(self, updates: BufferUpdates, ct_bufs) -> bool:
-        """Whether some read's cotangent in `updates` (abstract) is as large as its
-        buffer's (the step reads all of it, as a stage loop reads its stages)."""
-        read_leaves = [self.layout.read_leaves[k] for k in self.float_reads]
-        return any(
-            d.size >= ct_bufs[leaf].size
-            for leaf, (_, _, d) in zip(read_leaves, updates.added)
-        )
+        """Whether the step reads some buffer whole (`updates` may be abstract)."""
+        return bool(self.wholly_read(updates, ct_bufs))
 
     def no_updates(self, updates: BufferUpdates, ct_bufs) -> BufferUpdates:
         """Updates shaped like `updates` (abstract) that change nothing."""
@@ -154,22 +162,17 @@ class ReversibleStep:
         """`ct_bufs` after a step's `updates` (see `vjp`)."""
         ct_bufs = list(ct_bufs)
         write_leaves = [w for w in self.layout.write_leaves if self.sparse[w]]
-        read_leaves = [self.layout.read_leaves[k] for k in self.float_reads]
         # a buffer the step reads whole gets a whole new cotangent anyway: its
         # written windows are zeroed by a mask in the same pass, rather than in
         # place (which needs the old cotangent copied for the reads of it)
-        whole = {
-            leaf
-            for leaf, (_, _, d) in zip(read_leaves, updates.added)
-            if d.size >= ct_bufs[leaf].size
-        }
+        whole = self.wholly_read(updates, ct_bufs)
         for leaf, (index, live) in zip(write_leaves, updates.cleared):
             if leaf in whole:
                 mask = put(jnp.zeros(ct_bufs[leaf].shape, bool), index, live)
                 ct_bufs[leaf] = jnp.where(mask, 0, ct_bufs[leaf])
             else:
                 ct_bufs[leaf] = put(ct_bufs[leaf], index, 0, live)
-        for leaf, (index, live, d) in zip(read_leaves, updates.added):
+        for leaf, (index, live, d) in zip(self._read_leaves(), updates.added):
             here = get(ct_bufs[leaf], index)
             ct_bufs[leaf] = put(ct_bufs[leaf], index, here + d.astype(here.dtype), live)
         for leaf, new in zip(self.dense, updates.replaced):

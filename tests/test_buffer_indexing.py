@@ -11,7 +11,7 @@ from jax import lax
 import boundedloop as bl
 from boundedloop import _reverse_sweep
 
-from .helpers import tree_allclose
+from .helpers import copies_in_while_bodies, tree_allclose
 
 
 SHAPE = (6, 5, 4)
@@ -122,6 +122,15 @@ def test_large_buffers_keep_their_cotangent_in_place_unless_read_whole(
     assert tree_allclose(got, expected, rtol=1e-5)
     jaxpr = jax.make_jaxpr(jax.grad(ours(name, 2)))(X).jaxpr
     assert (_conds(jaxpr) == 0) == (name == "whole")
+
+
+def test_a_whole_read_updates_the_cotangent_without_copying_it():
+    """A step that reads a whole buffer (and writes a row) gets a whole new
+    cotangent: the written row is zeroed by a mask in the same pass, so no loop of
+    the compiled gradient copies the buffer-sized cotangent."""
+    hlo = jax.jit(jax.grad(ours("whole", 2))).lower(X).compile().as_text()
+    shape = "f32[" + ",".join(map(str, SHAPE)) + "]"
+    assert copies_in_while_bodies(hlo, shape) == []
 
 
 @pytest.mark.parametrize("name", ["row_then_tail", "negative_step", "whole"])

@@ -16,11 +16,11 @@ import os
 _NOT_GIVEN = object()
 
 
-def _with_our_default(diffeqsolve, CheckpointedAdjoint):
+def _with_our_default(diffeqsolve, adjoint_class):
     @functools.wraps(diffeqsolve)
     def wrapped(*args, adjoint=_NOT_GIVEN, **kwargs):
         if adjoint is _NOT_GIVEN:
-            adjoint = CheckpointedAdjoint()
+            adjoint = adjoint_class()
         return diffeqsolve(*args, adjoint=adjoint, **kwargs)
 
     return wrapped
