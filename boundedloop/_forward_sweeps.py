@@ -129,7 +129,7 @@ def _planned(plan, t, cursor, level):
     `t == due`, the plan's next step at the current stride. `level` is `(stride,
     level_end)`: past the horizon the plan's second half replays at that stride (see
     `_schedule.Plan`); `None` for a loop that cannot pass the horizon."""
-    if level is None:
+    if level is None or plan.horizon is None:  # the level never changes
         return cursor, level, plan.steps[cursor]
     stride, level_end = level
     new_level = t == level_end  # at the horizon, and at each doubling of it
@@ -143,6 +143,8 @@ def _planned(plan, t, cursor, level):
 def _next_due(plan, cursor, level, t):
     """The first step after `t` at which `_planned` may store or change level: the
     step of `plan.steps[cursor]` at the current stride, or the level's end."""
+    if plan.horizon is None:  # the level never changes
+        return jnp.maximum(plan.steps[cursor], t + 1)
     stride, level_end = level
     due = jnp.minimum(_scaled(plan.steps[cursor], stride), level_end)
     return jnp.maximum(due, t + 1)  # always progress
