@@ -119,34 +119,36 @@ def plain_sweep(loop: TracedLoop, config: "LoopConfig"):
     return _finish(loop, config, (x, bufs))
 
 
-def _scaled(step, stride):
-    """`step * stride`, saturating at `INT32_MAX` (the plan's sentinel stays one)."""
-    return jnp.where(step > INT32_MAX // stride, INT32_MAX, step * stride)
+def _shifted(step, doublings):
+    """`step * 2**doublings`, saturating at `INT32_MAX` (the plan's sentinel stays
+    one)."""
+    return jnp.where(step > INT32_MAX >> doublings, INT32_MAX, step << doublings)
 
 
-def _planned(plan, t, cursor, level):
-    """Where step `t` stands in `plan`: `(cursor, level, due)`, storing at `t` if
-    `t == due`, the plan's next step at the current stride. `level` is `(stride,
-    level_end)`: past the horizon the plan's second half replays at that stride (see
-    `_schedule.Plan`); `None` for a loop that cannot pass the horizon."""
-    if level is None or plan.horizon is None:  # the level never changes
-        return cursor, level, plan.steps[cursor]
-    stride, level_end = level
-    new_level = t == level_end  # at the horizon, and at each doubling of it
+def _planned(plan, t, cursor, doublings):
+    """Where step `t` stands in `plan`: `(cursor, doublings, due)`, storing at `t` if
+    `t == due`, the plan's next step at the current stride. Past the horizon the
+    plan's second half replays at stride `2**doublings` (see `_schedule.Plan`):
+    `doublings` counts the horizon's doublings `t` has reached; `None` for a loop
+    that cannot pass the horizon."""
+    if doublings is None or plan.horizon is None:  # the stride never changes
+        return cursor, doublings, plan.steps[cursor]
+    # at the horizon, and at each doubling of it
+    new_level = t == _shifted(plan.horizon, doublings)
     cursor = jnp.where(new_level, plan.restart, cursor)
-    stride = jnp.where(new_level, 2 * stride, stride)
-    doubled = jnp.where(level_end > INT32_MAX // 2, INT32_MAX, 2 * level_end)
-    level_end = jnp.where(new_level, doubled, level_end)
-    return cursor, (stride, level_end), _scaled(plan.steps[cursor], stride)
+    doublings = doublings + new_level.astype(jnp.int32)
+    return cursor, doublings, _shifted(plan.steps[cursor], doublings)
 
 
-def _next_due(plan, cursor, level, t):
+def _next_due(plan, cursor, doublings, t):
     """The first step after `t` at which `_planned` may store or change level: the
-    step of `plan.steps[cursor]` at the current stride, or the level's end."""
-    if plan.horizon is None:  # the level never changes
+    step of `plan.steps[cursor]` at the current stride, or the next doubling of the
+    horizon."""
+    if plan.horizon is None:  # the stride never changes
         return jnp.maximum(plan.steps[cursor], t + 1)
-    stride, level_end = level
-    due = jnp.minimum(_scaled(plan.steps[cursor], stride), level_end)
+    due = jnp.minimum(
+        _shifted(plan.steps[cursor], doublings), _shifted(plan.horizon, doublings)
+    )
     return jnp.maximum(due, t + 1)  # always progress
 
 
@@ -156,7 +158,7 @@ class _Stores(NamedTuple):
     storage: PyTree[Array]  # a row per slot
     positions: Int[Array, " slots"]  # the step whose state each slot holds
     cursor: Int[Array, ""]  # the plan's next store
-    level: Any  # `(stride, level_end)` (see `_planned`), or None
+    doublings: Any  # of the planning horizon (see `_planned`), or None
     stop: Int[Array, ""]  # the next step that may store (store events only)
 
 
@@ -171,7 +173,7 @@ class _Planner:
     def store_if_due(self, t, x, stores: _Stores, going=True) -> _Stores:
         """Store `x_t` if the plan says so and the loop goes on from it."""
         plan = self.plan
-        cursor, level, due = _planned(plan, t, stores.cursor, stores.level)
+        cursor, doublings, due = _planned(plan, t, stores.cursor, stores.doublings)
         slot = plan.slot_ids[cursor]
         when = jnp.logical_and(t == due, going)
         positions = stores.positions
@@ -180,7 +182,7 @@ class _Planner:
             storage=_tape.store(stores.storage, slot, x, when),
             positions=positions,
             cursor=cursor + when.astype(jnp.int32),
-            level=level,
+            doublings=doublings,
         )
 
     def first_store(self, x0, stores: _Stores) -> _Stores:
@@ -194,7 +196,7 @@ class _Planner:
             cursor=jnp.array(1, jnp.int32),
         )
         return stores._replace(
-            stop=_next_due(self.plan, stores.cursor, stores.level, zero)
+            stop=_next_due(self.plan, stores.cursor, stores.doublings, zero)
         )
 
     def store_event(self, t, x, stores: _Stores, going) -> _Stores:
@@ -202,26 +204,21 @@ class _Planner:
         the next step that may store."""
         stores = self.store_if_due(t, x, stores, going)
         return stores._replace(
-            stop=_next_due(self.plan, stores.cursor, stores.level, t)
+            stop=_next_due(self.plan, stores.cursor, stores.doublings, t)
         )
 
 
 def _initial_stores(loop: TracedLoop, slots: int, plan, events: bool) -> _Stores:
-    """Empty storage, and the plan's level if the loop can pass its horizon (or
-    runs by store `events`: then always, so that its temporary memory does not
+    """Empty storage, and the horizon's doublings if the loop can pass its horizon
+    (or runs by store `events`: then always, so that its temporary memory does not
     depend on `max_steps`)."""
     zero = jnp.array(0, jnp.int32)
-    level = None
-    horizon = None if plan is None else plan.horizon
-    if events and horizon is None:
-        horizon = INT32_MAX  # never reached: the level never changes
-    if horizon is not None:
-        level = (jnp.array(1, jnp.int32), jnp.array(horizon, jnp.int32))
+    can_pass = plan is not None and plan.horizon is not None
     return _Stores(
         _tape.empty(loop.init, slots),
         jnp.full((slots,), _tape.UNUSED, jnp.int32),
         zero,
-        level,
+        zero if can_pass or events else None,
         zero,
     )
 
