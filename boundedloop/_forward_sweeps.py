@@ -129,9 +129,9 @@ def _planned(plan, t, cursor, doublings):
     """Where step `t` stands in `plan`: `(cursor, doublings, due)`, storing at `t` if
     `t == due`, the plan's next step at the current stride. Past the horizon the
     plan's second half replays at stride `2**doublings` (see `_schedule.Plan`):
-    `doublings` counts the horizon's doublings `t` has reached; `None` for a loop
-    that cannot pass the horizon."""
-    if doublings is None or plan.horizon is None:  # the stride never changes
+    `doublings` counts the horizon's doublings `t` has reached; unused (`None`, or
+    0 in a loop by store events) when the loop cannot pass the horizon."""
+    if plan.horizon is None:  # the stride never changes
         return cursor, doublings, plan.steps[cursor]
     # at the horizon, and at each doubling of it
     new_level = t == _shifted(plan.horizon, doublings)

@@ -266,9 +266,7 @@ class _Sweep:
         shapes = None
         if _nbytes(state.ct_bufs) > SMALL_BUFFERS:
             shapes = jax.eval_shape(reverse, state.ct, state.ct_body)[2]
-        if shapes is not None and not self.step.reads_whole_buffer(
-            shapes, state.ct_bufs
-        ):
+        if shapes is not None and not self.step.wholly_read(shapes, state.ct_bufs):
             # `i == end - 1` always holds. The `lax.cond` is there for XLA: the
             # buffers' cotangents are read inside it and updated in place after it,
             # and only that data dependence lets XLA order the read before the

@@ -142,16 +142,13 @@ class ReversibleStep:
 
     def wholly_read(self, updates: BufferUpdates, ct_bufs) -> set[int]:
         """The buffers some read in `updates` covers whole (its cotangent is as
-        large as the buffer's), as a stage loop reads all its stages."""
+        large as the buffer's), as a stage loop reads all its stages; `updates`
+        may be abstract."""
         return {
             leaf
             for leaf, (_, _, d) in zip(self._read_leaves(), updates.added)
             if d.size >= ct_bufs[leaf].size
         }
-
-    def reads_whole_buffer(self, updates: BufferUpdates, ct_bufs) -> bool:
-        """Whether the step reads some buffer whole (`updates` may be abstract)."""
-        return bool(self.wholly_read(updates, ct_bufs))
 
     def no_updates(self, updates: BufferUpdates, ct_bufs) -> BufferUpdates:
         """Updates shaped like `updates` (abstract) that change nothing."""
