@@ -1,8 +1,9 @@
-"""How costly a traced body's steps are next to a sweep's control. The sweeps pick
-their loop structure by it: nested loops that save control work on every step pay
-off for cheap steps, but each is one more loop (and copy of the step) for XLA to
-compile, which costs more the larger the body is, and saves next to nothing when
-the body's own arithmetic dominates."""
+"""How costly a traced body's steps are next to a sweep's control. The reverse
+sweep picks its loop structure by it: nested loops that save control work on every
+step pay off for cheap steps, but each is one more loop (and copy of the step) for
+XLA to compile, which costs more the larger the body is, and saves next to nothing
+when the body's own arithmetic dominates. (The forward sweep always runs its steps
+in a loop of their own between stores: see `_forward_sweeps.checkpointed_sweep`.)"""
 
 import math
 
