@@ -16,7 +16,7 @@ from typing import Any, NamedTuple, TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Int, PyTree
+from jaxtyping import Array, Int
 
 from . import _progress, _tape
 from ._batching import any_across_batch, select_if_batched
@@ -155,7 +155,7 @@ def _next_due(plan, cursor, doublings, t):
 class _Stores(NamedTuple):
     """The checkpointed forward's store bookkeeping, carried next to the step's."""
 
-    storage: PyTree[Array]  # a row per slot
+    storage: _tape.Storage  # a row per slot
     positions: Int[Array, " slots"]  # the step whose state each slot holds
     cursor: Int[Array, ""]  # the plan's next store
     doublings: Any  # of the planning horizon (see `_planned`); None without a plan

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 from jax import lax
-from jaxtyping import Array, Int, PyTree
+from jaxtyping import Array, Int
 
 from . import _body_size, _tape
 from ._batching import select_if_batched
@@ -96,7 +96,7 @@ class Stack(NamedTuple):
 
     depth: Int[Array, ""]  # slots in use
     order_pos: Int[Array, " slots"]  # the position of `order[j]`'s state
-    storage: PyTree[Array]  # a row per slot
+    storage: _tape.Storage  # a row per slot
 
 
 class ReverseState(NamedTuple):

@@ -1,51 +1,103 @@
 """What the checkpointed forward sweep leaves for the reverse sweep: the `Tape`.
 
-Checkpoint storage is one stacked array per carry leaf, a row per slot. Writes are
+Checkpoint storage is a row per slot: one stacked array per carry leaf, except that
+the scalar leaves are packed into one stacked array per dtype. Writes are
 branch-free: `store` always writes a row, either the new value or the row's own old
 value, so the storage is updated in place and never copied whole.
 """
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+import equinox as eqx
 import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax import lax
-from jaxtyping import Array, Int, PyTree
+from jaxtyping import Array, Int
 
 
 UNUSED = jnp.iinfo(jnp.int32).max  # position of a slot that holds nothing
 
 
-def empty(carry, slots: int):
+class Storage(eqx.Module):
+    """Rows of stored carries: one stacked array per carry leaf that is not a scalar,
+    and the scalar leaves packed, one stacked array per dtype (a store writes each
+    array once, so fewer arrays mean fewer writes per store)."""
+
+    arrays: tuple[Array | None, ...]  # per leaf: its stacked array, or None if packed
+    packed: dict[
+        str, Array
+    ]  # dtype name -> `(slots, count)` array of the scalar leaves
+    treedef: Any = eqx.field(static=True)
+    columns: tuple = eqx.field(static=True)  # per leaf: `(dtype name, column)` or None
+
+
+def empty(carry, slots: int) -> Storage:
     """Storage for `slots` copies of `carry` (a pytree of arrays), each row sharded
     (on a mesh with explicit axes) as the carry is."""
-    return jtu.tree_map(
-        lambda x: jnp.broadcast_to(jnp.zeros_like(x)[None], (slots,) + x.shape), carry
+    leaves, treedef = jtu.tree_flatten(carry)
+    columns, counts = [], {}
+    for leaf in leaves:
+        # weakly typed scalars keep arrays of their own, so that they load weak
+        if jnp.ndim(leaf) == 0 and not getattr(leaf, "weak_type", False):
+            name = jnp.dtype(leaf.dtype).name
+            columns.append((name, counts.get(name, 0)))
+            counts[name] = counts.get(name, 0) + 1
+        else:
+            columns.append(None)
+    arrays = tuple(
+        None
+        if c is not None
+        else jnp.broadcast_to(jnp.zeros_like(x)[None], (slots,) + x.shape)
+        for x, c in zip(leaves, columns)
     )
+    packed = {
+        name: jnp.zeros((slots, count), jnp.dtype(name))
+        for name, count in counts.items()
+    }
+    return Storage(arrays, packed, treedef, tuple(columns))
 
 
-def load(storage, slot):
+def load(storage: Storage, slot):
     """The carry held in row `slot`."""
-    return jtu.tree_map(
-        lambda s: lax.dynamic_index_in_dim(s, slot, keepdims=False), storage
-    )
+    rows = {
+        name: lax.dynamic_index_in_dim(p, slot, keepdims=False)
+        for name, p in storage.packed.items()
+    }
+    leaves = [
+        lax.dynamic_index_in_dim(a, slot, keepdims=False)
+        if c is None
+        else rows[c[0]][c[1]]
+        for a, c in zip(storage.arrays, storage.columns)
+    ]
+    return jtu.tree_unflatten(storage.treedef, leaves)
 
 
-def store(storage, slot, carry, when=True):
+def _write(s, x, slot, when):
+    if when is not True:
+        x = jnp.where(when, x, lax.dynamic_index_in_dim(s, slot, keepdims=False))
+    return lax.dynamic_update_index_in_dim(s, x.astype(s.dtype), slot, 0)
+
+
+def store(storage: Storage, slot, carry, when=True) -> Storage:
     """`storage` with row `slot` set to `carry` where `when` (a scalar) is true."""
-
-    def _store(s, x):
-        if when is not True:
-            x = jnp.where(when, x, lax.dynamic_index_in_dim(s, slot, keepdims=False))
-        return lax.dynamic_update_index_in_dim(s, x.astype(s.dtype), slot, 0)
-
-    return jtu.tree_map(_store, storage, carry)
+    leaves = storage.treedef.flatten_up_to(carry)
+    arrays = tuple(
+        a if c is not None else _write(a, x, slot, when)
+        for a, x, c in zip(storage.arrays, leaves, storage.columns)
+    )
+    packed = {}
+    for name, p in storage.packed.items():
+        row = [
+            x for x, c in zip(leaves, storage.columns) if c is not None and c[0] == name
+        ]
+        packed[name] = _write(p, jnp.stack(row), slot, when)
+    return Storage(arrays, packed, storage.treedef, storage.columns)
 
 
 class Tape(NamedTuple):
     """What the checkpointed sweep leaves for the reverse sweep."""
 
-    storage: PyTree[Array]  # a row per slot (buffers are never stored)
+    storage: Storage  # a row per slot (buffers are never stored)
     positions: Int[Array, " slots"]  # the step whose state each slot holds
     trips: Int[Array, ""]  # steps this element took (batched under vmap)
     length: Int[Array, ""]  # iterations the sweep ran (never batched)
