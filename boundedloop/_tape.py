@@ -37,8 +37,7 @@ def empty(carry, slots: int) -> Storage:
     leaves, treedef = jtu.tree_flatten(carry)
     columns, counts = [], {}
     for leaf in leaves:
-        # weakly typed scalars keep arrays of their own, so that they load weak
-        if jnp.ndim(leaf) == 0 and not getattr(leaf, "weak_type", False):
+        if jnp.ndim(leaf) == 0:
             name = jnp.dtype(leaf.dtype).name
             columns.append((name, counts.get(name, 0)))
             counts[name] = counts.get(name, 0) + 1

@@ -331,3 +331,74 @@ def test_gradient_past_the_planning_horizon(monkeypatch):
             assert counter.count <= 1.3 * optimum
             counter.reset()
             assert tree_allclose(g, jax.grad(reference)(x, n), rtol=1e-5, atol=1e-6)
+
+
+def _solver_like_step(carry):
+    """A step carrying many scalars of several dtypes, as a solver state does."""
+    y, t, dt, scale, n, accepted, done = carry
+    y = y + dt * jnp.tanh(W @ y) * scale
+    return (
+        y,
+        t + dt,
+        dt * (1.0 + 0.05 * jnp.sum(y)),
+        scale * 0.99,
+        n + 1,
+        accepted + (jnp.sum(y) > 0).astype(jnp.int32),
+        n + 1 >= 6,
+    )
+
+
+def test_scalar_leaves_are_stored_packed_and_loaded_exactly():
+    """Checkpoint storage packs the carry's scalars into one array per dtype, so that
+    a store writes one array per dtype; loading gives every leaf back with its
+    dtype and shape."""
+    from boundedloop import _tape
+
+    carry = (X0, jnp.float32(0.5), jnp.float32(0.25), jnp.int32(3))
+    carry = carry + (jnp.array(True), jnp.ones((1, 2)), jnp.float32(-1.5))
+    storage = _tape.empty(carry, 4)
+    assert sorted(storage.packed) == ["bool", "float32", "int32"]
+    assert storage.packed["float32"].shape == (4, 3)
+    assert [a is None for a in storage.arrays] == [False] + [True] * 4 + [False, True]
+    stored = _tape.store(storage, 2, carry)
+    loaded = _tape.load(stored, 2)
+    assert tree_equal(loaded, carry)
+    assert [(v.dtype, v.shape) for v in loaded] == [(v.dtype, v.shape) for v in carry]
+    # a store that is not due leaves the row as it was
+    kept = _tape.store(stored, 2, jax.tree.map(jnp.zeros_like, carry), when=False)
+    assert tree_equal(_tape.load(kept, 2), carry)
+
+
+@pytest.mark.parametrize("checkpoints", [1, 2, 3, 5, 8])
+def test_gradient_through_a_carry_of_many_scalars(checkpoints):
+    """Gradients through differentiated scalar leaves (time, step size, scale)
+    packed next to integer and boolean ones, across trip counts and checkpoint
+    counts that cross each other, with `vmap`."""
+
+    def loss(f):
+        def run(y0, dt, scale):
+            carry = (y0, jnp.float32(0.0), dt, scale, jnp.int32(0), jnp.int32(0))
+            out = f(carry + (jnp.array(False),))
+            y, t, dt, scale = out[:4]
+            return jnp.sum(y**2) + t * scale + dt
+
+        return run
+
+    def ours(carry):
+        return bl.while_loop(
+            lambda c: ~c[6],
+            _solver_like_step,
+            carry,
+            max_steps=8,
+            checkpoints=checkpoints,
+        )
+
+    args = (X0, jnp.float32(0.1), jnp.float32(1.2))
+    expected = jax.grad(loss(lambda c: scan_loop(_solver_like_step, c, 6)), (0, 1, 2))
+    got = jax.jit(jax.grad(loss(ours), (0, 1, 2)))
+    assert tree_allclose(got(*args), expected(*args))
+    ys = jnp.stack([X0, -X0, 2 * X0])
+    batched = jax.vmap(got, in_axes=(0, None, None))(ys, *args[1:])
+    for b in range(3):
+        want = expected(ys[b], *args[1:])
+        assert tree_allclose(jax.tree.map(lambda g: g[b], batched), want)
