@@ -1,7 +1,7 @@
 """What the checkpointed forward sweep leaves for the reverse sweep: the `Tape`.
 
 Checkpoint storage is a row per slot: one stacked array per carry leaf, except that
-the scalar leaves are packed into one stacked array per dtype. Writes are
+scalar leaves sharing a dtype are packed into one stacked array. Writes are
 branch-free: `store` always writes a row, either the new value or the row's own old
 value, so the storage is updated in place and never copied whole.
 """
@@ -19,14 +19,13 @@ UNUSED = jnp.iinfo(jnp.int32).max  # position of a slot that holds nothing
 
 
 class Storage(eqx.Module):
-    """Rows of stored carries: one stacked array per carry leaf that is not a scalar,
-    and the scalar leaves packed, one stacked array per dtype (a store writes each
+    """Rows of stored carries: one stacked array per carry leaf, except that scalar
+    leaves sharing a dtype are packed into one stacked array (a store writes each
     array once, so fewer arrays mean fewer writes per store)."""
 
     arrays: tuple[Array | None, ...]  # per leaf: its stacked array, or None if packed
-    packed: dict[
-        str, Array
-    ]  # dtype name -> `(slots, count)` array of the scalar leaves
+    # dtype name -> the `(slots, count)` array of the scalar leaves of that dtype
+    packed: dict[str, Array]
     treedef: Any = eqx.field(static=True)
     columns: tuple = eqx.field(static=True)  # per leaf: `(dtype name, column)` or None
 
@@ -35,14 +34,13 @@ def empty(carry, slots: int) -> Storage:
     """Storage for `slots` copies of `carry` (a pytree of arrays), each row sharded
     (on a mesh with explicit axes) as the carry is."""
     leaves, treedef = jtu.tree_flatten(carry)
-    columns, counts = [], {}
-    for leaf in leaves:
-        if jnp.ndim(leaf) == 0:
-            name = jnp.dtype(leaf.dtype).name
-            columns.append((name, counts.get(name, 0)))
-            counts[name] = counts.get(name, 0) + 1
-        else:
-            columns.append(None)
+    scalars = [jnp.dtype(x.dtype).name if jnp.ndim(x) == 0 else None for x in leaves]
+    # a dtype with one scalar keeps its own array: nothing to save by packing it
+    names = [n if n is not None and scalars.count(n) > 1 else None for n in scalars]
+    columns = [
+        None if n is None else (n, names[:k].count(n)) for k, n in enumerate(names)
+    ]
+    counts = {n: names.count(n) for n in names if n is not None}
     arrays = tuple(
         None
         if c is not None

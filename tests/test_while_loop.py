@@ -349,17 +349,20 @@ def _solver_like_step(carry):
 
 
 def test_scalar_leaves_are_stored_packed_and_loaded_exactly():
-    """Checkpoint storage packs the carry's scalars into one array per dtype, so that
-    a store writes one array per dtype; loading gives every leaf back with its
-    dtype and shape."""
+    """Checkpoint storage packs the carry's scalars that share a dtype into one
+    array, so that a store writes one array per dtype; loading gives every leaf
+    back with its dtype and shape."""
     from boundedloop import _tape
 
-    carry = (X0, jnp.float32(0.5), jnp.float32(0.25), jnp.int32(3))
-    carry = carry + (jnp.array(True), jnp.ones((1, 2)), jnp.float32(-1.5))
+    carry = (X0, jnp.float32(0.5), jnp.float32(0.25), jnp.int32(3), jnp.array(True))
+    carry = carry + (jnp.ones((1, 2)), jnp.float32(-1.5), jnp.int32(-4), jnp.uint8(2))
+    carry = carry + (jnp.array(False),)
     storage = _tape.empty(carry, 4)
+    # a dtype with a single scalar (uint8 here) is not packed
     assert sorted(storage.packed) == ["bool", "float32", "int32"]
     assert storage.packed["float32"].shape == (4, 3)
-    assert [a is None for a in storage.arrays] == [False] + [True] * 4 + [False, True]
+    packed = [a is None for a in storage.arrays]
+    assert packed == [False] + [True] * 4 + [False, True, True, False, True]
     stored = _tape.store(storage, 2, carry)
     loaded = _tape.load(stored, 2)
     assert tree_equal(loaded, carry)
