@@ -177,8 +177,18 @@ def check_shard_map(check):
     mesh = AUTO
 
     def per_shard(x, w, n):
-        # x: this device's (2, 3) rows; n: this device's trip count, shape (1,)
-        return run(x, w, n[0])[0]
+        # x: this device's (2, 3) rows; n: this device's trip count, shape (1,).
+        # Two int32 counters, one varying over the mesh axis and one not, share a
+        # packed row of the checkpoint storage
+        def step(carry):
+            x, i, j = carry
+            return body(w)((x, i))[0], i + 1, j + 1
+
+        carry = (x, jnp.zeros_like(n[0]), jnp.int32(0))
+        out = bl.while_loop(
+            lambda c: c[1] < n[0], step, carry, max_steps=MAX_STEPS, checkpoints=3
+        )
+        return out[0]
 
     def per_shard_loss(x, w, n):
         return lax.psum(jnp.sum(per_shard(x, w, n) ** 2), "data")
