@@ -170,21 +170,6 @@ class _Planner:
             steps=jnp.asarray(plan.steps), slot_ids=jnp.asarray(plan.slot_ids)
         )
 
-    def store_if_due(self, t, x, stores: _Stores, going) -> _Stores:
-        """Store `x_t` if the plan says so and the loop goes on from it."""
-        plan = self.plan
-        cursor, doublings, due = _planned(plan, t, stores.cursor, stores.doublings)
-        slot = plan.slot_ids[cursor]
-        when = jnp.logical_and(t == due, going)
-        positions = stores.positions
-        positions = positions.at[slot].set(jnp.where(when, t, positions[slot]))
-        return stores._replace(
-            storage=_tape.store(stores.storage, slot, x, when),
-            positions=positions,
-            cursor=cursor + when.astype(jnp.int32),
-            doublings=doublings,
-        )
-
     def first_store(self, x0, stores: _Stores) -> _Stores:
         """`stores` holding `x_0` in slot 0, as the plan's first store, even if
         the loop takes no step (the reverse sweep then reads nothing), and the
@@ -200,11 +185,22 @@ class _Planner:
         )
 
     def store_event(self, t, x, stores: _Stores, going) -> _Stores:
-        """`store_if_due` after a run of steps that may have ended the loop, and
-        the next step that may store."""
-        stores = self.store_if_due(t, x, stores, going)
+        """After a run of steps that may have ended the loop: store `x_t` if the plan
+        says so and the loop goes on from it, and find the next step that may
+        store."""
+        plan = self.plan
+        cursor, doublings, due = _planned(plan, t, stores.cursor, stores.doublings)
+        slot = plan.slot_ids[cursor]
+        when = jnp.logical_and(t == due, going)
+        positions = stores.positions
+        positions = positions.at[slot].set(jnp.where(when, t, positions[slot]))
+        cursor = cursor + when.astype(jnp.int32)
         return stores._replace(
-            stop=_next_due(self.plan, stores.cursor, stores.doublings, t)
+            storage=_tape.store(stores.storage, slot, x, when),
+            positions=positions,
+            cursor=cursor,
+            doublings=doublings,
+            stop=_next_due(plan, cursor, doublings, t),
         )
 
 
