@@ -21,8 +21,8 @@ from jaxtyping import Array, Int
 from . import _progress, _tape
 from ._batching import any_across_batch, select_if_batched
 from ._checks import check_stopped, raise_violations
-from ._schedule import INT32_MAX, store_plan
 from ._shard_map import varying_while_loop
+from ._store_rules import store_rule
 from ._step import advance
 from ._tape import Tape
 from ._trace import TracedLoop
@@ -119,101 +119,48 @@ def plain_sweep(loop: TracedLoop, config: "LoopConfig"):
     return _finish(loop, config, (x, bufs))
 
 
-def _shifted(step, doublings):
-    """`step * 2**doublings`, saturating at `INT32_MAX` (the plan's sentinel stays
-    one)."""
-    return jnp.where(step > INT32_MAX >> doublings, INT32_MAX, step << doublings)
-
-
-def _planned(plan, t, cursor, doublings):
-    """Where step `t` stands in `plan`: `(cursor, doublings, due)`, storing at `t` if
-    `t == due`, the plan's next step at the current stride. Past the horizon the
-    plan's second half replays at stride `2**doublings` (see `_schedule.Plan`):
-    `doublings` counts the horizon's doublings `t` has reached; it stays 0 when
-    the loop cannot pass the horizon."""
-    if plan.horizon is None:  # the stride never changes
-        return cursor, doublings, plan.steps[cursor]
-    # at the horizon, and at each doubling of it
-    new_level = t == _shifted(plan.horizon, doublings)
-    cursor = jnp.where(new_level, plan.restart, cursor)
-    doublings = doublings + new_level.astype(jnp.int32)
-    return cursor, doublings, _shifted(plan.steps[cursor], doublings)
-
-
-def _next_due(plan, cursor, doublings, t):
-    """The first step after `t` at which `_planned` may store or change level: the
-    step of `plan.steps[cursor]` at the current stride, or the next doubling of the
-    horizon."""
-    if plan.horizon is None:  # the stride never changes
-        return jnp.maximum(plan.steps[cursor], t + 1)
-    due = jnp.minimum(
-        _shifted(plan.steps[cursor], doublings), _shifted(plan.horizon, doublings)
-    )
-    return jnp.maximum(due, t + 1)  # always progress
-
-
 class _Stores(NamedTuple):
     """The checkpointed forward's store bookkeeping, carried next to the step's."""
 
     storage: _tape.Storage  # a row per slot
     positions: Int[Array, " slots"]  # the step whose state each slot holds
-    cursor: Int[Array, ""]  # the plan's next store
-    doublings: Any  # of the planning horizon (see `_planned`); None without a plan
-    stop: Int[Array, ""]  # the next step that may store
+    rule: Any  # the store rule's state (see `_store_rules`)
+    stop: Int[Array, ""]  # the step of the next store event
 
 
-class _Planner:
-    """Stores where the plan says (see `_schedule.Plan`)."""
-
-    def __init__(self, plan):
-        self.plan = plan._replace(
-            steps=jnp.asarray(plan.steps), slot_ids=jnp.asarray(plan.slot_ids)
-        )
-
-    def first_store(self, x0, stores: _Stores) -> _Stores:
-        """`stores` holding `x_0` in slot 0, as the plan's first store, even if
-        the loop takes no step (the reverse sweep then reads nothing), and the
-        next step that may store: all but `x_0` known while tracing."""
-        zero = jnp.array(0, jnp.int32)
-        stores = stores._replace(
-            storage=_tape.store(stores.storage, 0, x0),
-            positions=stores.positions.at[0].set(0),
-            cursor=jnp.array(1, jnp.int32),
-        )
-        return stores._replace(
-            stop=_next_due(self.plan, stores.cursor, stores.doublings, zero)
-        )
-
-    def store_event(self, t, x, stores: _Stores, going) -> _Stores:
-        """After a run of steps that may have ended the loop: store `x_t` if the plan
-        says so and the loop goes on from it, and find the next step that may
-        store."""
-        plan = self.plan
-        cursor, doublings, due = _planned(plan, t, stores.cursor, stores.doublings)
-        slot = plan.slot_ids[cursor]
-        when = jnp.logical_and(t == due, going)
-        positions = stores.positions
-        positions = positions.at[slot].set(jnp.where(when, t, positions[slot]))
-        cursor = cursor + when.astype(jnp.int32)
-        return stores._replace(
-            storage=_tape.store(stores.storage, slot, x, when),
-            positions=positions,
-            cursor=cursor,
-            doublings=doublings,
-            stop=_next_due(plan, cursor, doublings, t),
-        )
+def _first_store(rule, x0, stores: _Stores) -> _Stores:
+    """`stores` holding `x_0` in slot 0, even if the loop takes no step (the
+    reverse sweep then reads nothing), and the rule's first event."""
+    state = rule.initial()
+    return stores._replace(
+        storage=_tape.store(stores.storage, 0, x0),
+        positions=stores.positions.at[0].set(0),
+        rule=state,
+        stop=rule.first_stop(state),
+    )
 
 
-def _initial_stores(loop: TracedLoop, slots: int, plan) -> _Stores:
-    """Empty storage, and with a plan the horizon's doublings (carried whether or
-    not the loop can pass its horizon, so that its temporary memory does not depend
-    on `max_steps`)."""
+def _store_event(rule, t, x, stores: _Stores, going) -> _Stores:
+    """After a run of steps that may have ended the loop: store `x_t` if the rule
+    says so and the loop goes on from it, and find the next event."""
+    decision = rule.decide(t, stores.rule)
+    when = jnp.logical_and(decision.store, going)
+    slot, positions = decision.slot, stores.positions
+    return _Stores(
+        storage=_tape.store(stores.storage, slot, x, when),
+        positions=positions.at[slot].set(jnp.where(when, t, positions[slot])),
+        rule=decision.state,
+        stop=decision.stop,
+    )
+
+
+def _initial_stores(loop: TracedLoop, slots: int) -> _Stores:
+    """Empty storage; the rule's state comes with the first store."""
     zero = jnp.array(0, jnp.int32)
     return _Stores(
         _tape.empty(loop.init, slots),
         jnp.full((slots,), _tape.UNUSED, jnp.int32),
-        zero,
-        None if plan is None else zero,
+        None,
         zero,
     )
 
@@ -242,9 +189,9 @@ def _stepping(loop: TracedLoop, body, max_steps, meter):
 @jax.named_scope("boundedloop_checkpointed_forward")
 def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
     """The forward sweep of a differentiated loop: `plain_sweep`, storing the
-    checkpoints `_schedule.store_plan` places.
+    checkpoints where `_store_rules.store_rule` says.
 
-    With a plan, a loop over store events, each followed by a tight loop of steps up
+    With a rule, a loop over store events, each followed by a tight loop of steps up
     to the next one, so that no step pays for a store it does not make (a store
     writes every carry leaf: on a diffrax solver state, storing where due in a
     single loop made the checkpointed forward 1.2 times slower); without one (every
@@ -257,7 +204,7 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
     body = _body(loop)
     max_steps, slots = config.max_steps, config.checkpoints
     meter = _progress.start(max_steps)  # None unless `bl.progress_meter` is on
-    plan = store_plan(slots, max_steps, config.known_length)
+    rule = store_rule(slots, max_steps, config.known_length)
 
     # the carry: `stepping = (t, x, bufs, written, trips)` and `_Stores`
     going, step = _stepping(loop, body, max_steps, meter)
@@ -276,25 +223,24 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
         stepping = varying_while_loop(
             lambda s: jnp.logical_and(s[0] < stores.stop, going(s)), step, stepping
         )
-        return stepping, planner.store_event(*stepping[:2], stores, going(stepping))
+        return stepping, _store_event(rule, *stepping[:2], stores, going(stepping))
 
     zero = jnp.array(0, jnp.int32)
     written = None if loop.checked_body is None else _masks(loop.bufs)
     stepping = (zero, loop.init, loop.bufs, written, zero)
-    stores = _initial_stores(loop, slots, plan)
-    if plan is None:
+    stores = _initial_stores(loop, slots)
+    if rule is None:
         outer = store_every_step
     else:
-        planner = _Planner(plan)
         outer = steps_then_store
-        stores = planner.first_store(loop.init, stores)
+        stores = _first_store(rule, loop.init, stores)
     stepping, stores = varying_while_loop(
         lambda state: going(state[0]), outer, (stepping, stores)
     )
     length, x, bufs, _, trips = stepping
     _progress.done(meter, length)
     positions = stores.positions
-    if plan is None:
+    if rule is None:
         steps = jnp.arange(slots, dtype=jnp.int32)
         positions = jnp.where(steps < length, steps, _tape.UNUSED)
     # the check travels with the trip count too, which every backward pass reads

@@ -61,9 +61,9 @@ def test_temp_memory_does_not_depend_on_max_steps():
     assert sizes[1000] * 100 < scan_bytes
 
 
-def test_long_gradient_within_the_planning_horizon():
-    """16000 steps in a program bounded at 10**6 steps (whose forward plans
-    checkpoint stores 2**17 steps ahead): finite, equal to `lax.scan`'s gradient."""
+def test_long_gradient_in_a_loop_bounded_far_beyond():
+    """16000 steps in a program bounded at 10**6 steps: finite, equal to
+    `lax.scan`'s gradient."""
     long_gradient.run(16_000, 10**6)  # checks finiteness and the reference itself
 
 

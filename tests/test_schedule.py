@@ -9,7 +9,8 @@ import pytest
 from boundedloop._schedule import (
     forward_placement,
     gradient_body_evaluations,
-    online_actions,
+    offline_placement,
+    online_stores,
     optimal_placement_costs,
     placement_cost,
     reverse_events,
@@ -76,16 +77,15 @@ def test_reverse_events_live_checkpoints_bounded():
 
 
 @pytest.mark.parametrize("slots", [1, 2, 3, 6, 16, 64])
-def test_online_actions_are_consistent(slots):
-    steps, slot_ids = online_actions(slots, 3000)
-    assert np.all(np.diff(steps) > 0)
-    assert np.all((slot_ids >= 1) & (slot_ids < slots))
-    # prefixes of a longer plan agree with shorter plans (online: no lookahead)
-    short_steps, short_ids = online_actions(slots, 700)
-    k = len(short_steps)
-    assert np.array_equal(steps[:k], short_steps) and np.array_equal(
-        slot_ids[:k], short_ids
-    )
+def test_online_stores_are_consistent(slots):
+    stores = online_stores(3000, slots)
+    steps, slot_ids = np.array(stores).T
+    assert stores[0] == (0, 0) and np.all(np.diff(steps) > 0) and steps[-1] < 3000
+    assert np.all((slot_ids[1:] >= 1) & (slot_ids[1:] < slots))
+    # a shorter loop's stores are a prefix of a longer one's (online: no lookahead)
+    short = online_stores(700, slots)
+    assert stores[: len(short)] == short
+    assert all(t >= 700 for t, _ in stores[len(short) :])
 
 
 def test_store_every_step_when_enough_slots():
@@ -94,24 +94,24 @@ def test_store_every_step_when_enough_slots():
         assert gradient_body_evaluations(n, 10) == 2 * n
 
 
-@pytest.mark.parametrize("slots", [2, 4, 8, 16])
-def test_online_placement_near_optimal(slots):
-    best = optimal_placement_costs(1000, slots)
-    for n in [10, 100, 1000]:
+@pytest.mark.parametrize("slots", [2, 8, 32])
+def test_online_placement_near_optimal_at_any_length(slots):
+    # nothing is planned ahead: long loops are placed as well as short ones
+    for n in [1000, 10**4, 10**5, 3 * 10**5]:
         ours = gradient_body_evaluations(n, slots)
-        optimum = 2 * n + best[n]
-        assert ours <= 1.05 * optimum, (n, slots, ours, optimum)
+        optimum = 2 * n + placement_cost(offline_placement(n, slots), n, slots)
+        assert ours <= 1.02 * optimum, (n, slots, ours, optimum)
 
 
 def online_placements(slots, max_n):
-    """`forward_placement(n, slots)` for every `n <= max_n`, from one plan."""
-    steps, slot_ids = online_actions(slots, max_n)
-    actions = dict(zip(steps.tolist(), slot_ids.tolist()))
-    held = {0: 0}
-    out = [[0]]
+    """`forward_placement(n, slots)` for every `n <= max_n`, from one run."""
+    stores = online_stores(max_n, slots)
+    held, out, next_store = {}, [[0]], 0
     for n in range(1, max_n + 1):
-        if n - 1 in actions:
-            held[actions[n - 1]] = n - 1
+        while next_store < len(stores) and stores[next_store][0] < n:
+            t, slot = stores[next_store]
+            held[slot] = t
+            next_store += 1
         out.append(sorted(held.values()))
     return out
 
@@ -130,11 +130,11 @@ def test_reverse_events_online_placement(slots):
 
 
 # the worst ratio of ours to the optimum over n <= 2000 (2n + extra evaluations); with
-# two slots no online placement does better (next test)
-WORST_RATIO = {2: 1.0968, 4: 1.03, 8: 1.01, 16: 1.005}
+# two slots no online placement does better than 1.0967 (next test)
+WORST_RATIO = {2: 1.0968, 3: 1.088, 4: 1.063, 8: 1.029, 16: 1.026}
 
 
-@pytest.mark.parametrize("slots", [2, 4, 8, 16])
+@pytest.mark.parametrize("slots", [2, 3, 4, 8, 16])
 def test_online_placement_worst_ratio(slots):
     max_n = 2000
     best = optimal_placement_costs(max_n, slots)

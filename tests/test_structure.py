@@ -4,6 +4,7 @@ import jax
 import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 import pytest
 
 import boundedloop as bl
@@ -12,9 +13,11 @@ from boundedloop._reverse_sweep import split_rule
 from boundedloop._schedule import (
     forward_placement,
     gradient_body_evaluations,
+    online_stores,
     reverse_events,
     revolve_split,
 )
+from boundedloop._store_rules import OnlineRule
 from boundedloop._trace import trace_loop
 
 from .helpers import Counter, tree_allclose
@@ -88,14 +91,40 @@ def _jaxpr_lines(max_steps):
 
 
 def test_jaxpr_does_not_grow_with_max_steps():
-    # within the planning horizon, and past it (where a few more operations per
-    # step continue the plan: `_schedule.Plan`)
-    within = {_jaxpr_lines(m) for m in [64, 4096, 100_000]}
-    past = {_jaxpr_lines(m) for m in [1_000_000, 10**9]}
-    assert len(within) == 1 and len(past) == 1
-    assert past.pop() - within.pop() < 80
+    # the store rule runs in the loop: nothing is planned for a given bound
+    assert len({_jaxpr_lines(m) for m in [64, 4096, 100_000, 10**9]}) == 1
     # no bound: the same, less the comparison with `max_steps`
     assert _jaxpr_lines(None) <= _jaxpr_lines(10**9)
+
+
+def compiled_stores(slots, n):
+    """The stores `OnlineRule` makes in the compiled loop up to step `n`, event by
+    event, as `(t, slot)` pairs."""
+    rule = OnlineRule(slots)
+
+    def run():
+        def event(state):
+            t, rule_state, k, steps, slot_ids = state
+            decision = rule.decide(t, rule_state)
+            steps = steps.at[k].set(jnp.where(decision.store, t, -1))
+            slot_ids = slot_ids.at[k].set(decision.slot)
+            return decision.stop, decision.state, k + 1, steps, slot_ids
+
+        first = rule.initial()
+        empty = jnp.full(n, -1, jnp.int32)
+        init = (rule.first_stop(first), first, 0, empty, jnp.zeros(n, jnp.int32))
+        return lax.while_loop(lambda state: state[0] < n, event, init)[2:]
+
+    events, steps, slot_ids = jax.jit(run)()
+    pairs = zip(np.asarray(steps)[: int(events)], np.asarray(slot_ids))
+    return [(0, 0)] + [(int(t), int(s)) for t, s in pairs if t >= 0]
+
+
+@pytest.mark.parametrize("slots", [2, 3, 5, 16, 33])
+def test_compiled_store_rule_matches_the_schedule(slots):
+    """The forward's in-graph store rule makes `_schedule.online_stores`'s choices,
+    through regimes 0 to 5 at 5 slots and 0 to 2 at 33."""
+    assert compiled_stores(slots, 3000) == online_stores(3000, slots)
 
 
 @pytest.mark.parametrize("slots", [2, 3, 8])
