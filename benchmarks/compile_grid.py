@@ -4,9 +4,8 @@ max_steps, against equinox's checkpointed while loop.
     python benchmarks/compile_grid.py [--out FILE] > benchmarks/results/compile_grid.txt
 
 The loop is `cheap_steps.py`'s Euler step (width 32); the gradient is with respect to
-(W, b, x0). Every cell is traced from scratch: boundedloop's planning caches are
-cleared first, so a cell's trace time includes planning the checkpoint placement, as
-a program's first trace does. Each cell is measured `--repeats` times (fresh
+(W, b, x0). Every cell is traced from scratch: boundedloop's caches (the reverse
+sweep's binomial table) are cleared first, as in a program's first trace. Each cell is measured `--repeats` times (fresh
 function objects each time) and the minimum kept.
 """
 

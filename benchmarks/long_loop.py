@@ -1,15 +1,15 @@
-"""A gradient through a loop far longer than the planning horizon (2**15 steps for
-`max_steps=None`).
+"""A gradient through a long loop with no bound (`max_steps=None`): 10**6 and 10**7
+steps with 32 checkpoints.
 
     python benchmarks/long_loop.py [--steps 1000000 10000000] [--checkpoints 32] > benchmarks/results/long_loop.txt
 
 Body `x + 0.01 * tanh(W x + b)` on a state of 4, `max_steps=None`, run for exactly
 `n` steps (the predicate compares a counter with a traced `n`), gradient with
-respect to (W, b, x0), checked against `jax.lax.scan` over the same `n` steps. Past
-the horizon the forward replays its plan at stride 2, 4, ... (`_schedule.Plan`).
+respect to (W, b, x0), checked against `jax.lax.scan` over the same `n` steps. The
+forward decides its stores as it runs (`_store_rules.OnlineRule`).
 Reported: gradient wall time (one warm call), body evaluations per gradient from
 `_schedule.gradient_body_evaluations` (which `tests/test_while_loop.py` checks
-equals the compiled loop's count, past the horizon too), against the optimum for
+equals the compiled loop's count), against the optimum for
 that `n` and checkpoint count (the hindsight-optimal placement), and the compiled
 temporary memory of the same gradient with `max_steps` 10**3, the largest `n`, and
 `None`.
@@ -73,7 +73,7 @@ def main():
         seconds = time.perf_counter() - t0
         ideal = jax.jit(jax.grad(loss_of(n, c, loop=False), argnums=(0, 1, 2)))(*a)
         diff = max(float(jnp.max(jnp.abs(p - q))) for p, q in zip(ours, ideal))
-        evals = gradient_body_evaluations(n, c, None)
+        evals = gradient_body_evaluations(n, c)
         optimum = 2 * n + placement_cost(offline_placement(n, c), n, c)
         rows.append((n, seconds, evals, optimum, diff))
         print(n, seconds, evals, optimum, diff, flush=True)
