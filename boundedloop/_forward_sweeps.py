@@ -22,8 +22,8 @@ from . import _progress, _tape
 from ._batching import any_across_batch, select_if_batched
 from ._checks import check_stopped, raise_violations
 from ._shard_map import varying_while_loop
-from ._store_rules import store_rule
 from ._step import advance
+from ._store_rules import store_rule
 from ._tape import Tape
 from ._trace import TracedLoop
 

@@ -27,6 +27,7 @@ import numpy as np
 
 INT32_MAX = 2**31 - 1
 
+
 def default_checkpoints(max_steps: int | None) -> int:
     """`checkpoints=None`: every step while `max_steps <= 16`, else
     `ceil(log2(max_steps)) + 4` copies of the carry (16 at `max_steps=4096`); 16

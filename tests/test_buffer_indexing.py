@@ -116,6 +116,7 @@ def test_large_buffers_keep_their_cotangent_in_place_unless_read_whole(
     """Past `SMALL_BUFFERS` a reversed step orders its buffer reads before the
     in-place updates with a `lax.cond`, except when it reads a whole buffer (the
     update touches all of the cotangent anyway). Either way the gradients hold."""
+
     def conds():  # the forward's store rule has one of its own
         return _conds(jax.make_jaxpr(jax.grad(ours(name, 2)))(X).jaxpr)
 

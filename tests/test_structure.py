@@ -4,8 +4,8 @@ import jax
 import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 import pytest
+from jax import lax
 
 import boundedloop as bl
 from boundedloop import _body_size
