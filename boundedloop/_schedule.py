@@ -128,28 +128,29 @@ def optimal_placement_costs(max_n: int, slots: int) -> np.ndarray:
 BAND_CAP = 2**30
 
 
-def _wider_bands(bands: list[int]) -> list[int]:
-    """The bands one regime on: `C(k + r + 1, k)` is the sum of `C(j + r, j)` over
-    `j <= k` (Pascal's rule), clipped at `BAND_CAP`."""
-    return [min(total, BAND_CAP) for total in itertools.accumulate(bands)]
+def grown_bands(bands, xp=np):
+    """The next regime's bands (see `online_stores`), elementwise: `C(k + r + 1, k)
+    = C(k + r, k) (k + r + 1) / (r + 1)` in float32, rounded (exact while the
+    product is below `2**24`) and clipped at `BAND_CAP`. `xp` is NumPy or
+    `jax.numpy`; both round alike."""
+    r1 = bands[1]  # r + 1
+    ks = xp.arange(bands.shape[0], dtype=xp.float32)
+    return xp.minimum(xp.round(bands * (ks + r1) / r1), xp.float32(BAND_CAP))
 
 
-def _merge_choice(held: list[int], t: int, bands: list[int]) -> int:
+def _merge_choice(held: list[int], t: int, limits: list[float]) -> int:
     """Which stored position `held[s]` (`1 <= s < slots`) to drop when storing
-    `x_t` (see `online_stores`)."""
+    `x_t` (see `online_stores`); `limits[k]` is the band of `k` slots. Compares as
+    the compiled rule does in float32 (alike below `2**24` steps)."""
     slots = len(held)
-    ext = held + [t]
-    fits = [
-        s for s in range(1, slots) if ext[s + 1] - ext[s - 1] <= bands[slots - s + 1]
-    ]
-    if fits:
-        return fits[-1]
-    # float32, as the compiled rule computes it; the first of equal ratios
-    ratios = [
-        np.float32(ext[s + 1] - ext[s - 1]) / np.float32(bands[slots - s + 1])
-        for s in range(1, slots)
-    ]
-    return 1 + int(np.argmin(ratios))
+    for s in range(slots - 1, 0, -1):  # from the tail: the first that fits
+        after = held[s + 1] if s + 1 < slots else t
+        if after - held[s - 1] <= limits[slots - s + 1]:
+            return s
+    ext = np.asarray(held + [t])
+    merged = (ext[2:] - ext[:-2]).astype(np.float32)
+    ratios = merged / np.asarray(limits[slots:1:-1], np.float32)
+    return 1 + int(np.argmin(ratios))  # the first of the least
 
 
 def online_stores(n: int, slots: int) -> list[tuple[int, int]]:
@@ -178,27 +179,29 @@ def online_stores(n: int, slots: int) -> list[tuple[int, int]]:
     (`benchmarks/long_loop.py`); with two slots its worst ratio, 1.096 at `n = 22`,
     is within 0.001 of the least any online placement can guarantee.
     """
-    stores = [(0, 0)]  # `x_0`, in slot 0, even if the loop takes no step
+    # `x_0` in slot 0, even if the loop takes no step; then the free slots
+    stores = [(t, t) for t in range(min(max(n, 1), slots))]
     if slots <= 1:
         return stores
     held = list(range(slots))  # the stored positions once the slots are filled
     order = list(range(slots))  # the slot holding each
-    bands = [1] * (slots + 1)  # `bands[k] = C(k + r, k)`, `r = 0`
-    t = 1
+    bands = np.ones(slots + 1, np.float32)  # `bands[k] = C(k + r, k)`, `r = 0`
+    limits, width = bands.tolist(), 1
+    t = slots
     while t < n:
-        if t < slots:
-            stores.append((t, t))
-            t += 1
-            continue
-        wider = _wider_bands(bands)
-        if t + 1 >= wider[slots]:  # past the regime's last trip count
-            bands = wider
-        if t - held[-1] >= bands[1]:
-            s = _merge_choice(held, t, bands)
+        # past the regime's last trip count, `C(slots + r + 1, slots) - 1`
+        r1, last = bands[1], bands[-1]
+        end = min(np.round(last * (np.float32(slots) + r1) / r1), BAND_CAP)
+        if np.float32(t + 1) >= end:
+            bands = grown_bands(bands)
+            limits, width = bands.tolist(), int(bands[1])
+        if t - held[-1] >= width:
+            s = _merge_choice(held, t, limits)
             stores.append((t, order[s]))
-            held = held[:s] + held[s + 1 :] + [t]
-            order = order[:s] + order[s + 1 :] + [order[s]]
-        t = max(t + 1, held[-1] + bands[1])
+            del held[s]
+            held.append(t)
+            order.append(order.pop(s))
+        t = max(t + 1, held[-1] + width)
     return stores
 
 

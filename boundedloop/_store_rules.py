@@ -1,25 +1,35 @@
-"""Where the checkpointed forward stores, decided in the compiled loop.
+"""Where the checkpointed forward stores: a rule it consults at each store event.
 
 The forward sweep runs its steps in a tight loop up to the next *store event*; at
 each event a rule says whether to store the current state, in which slot, and where
 the next event is. Two rules:
 
-- `OnlineRule`: the trip count is unknown. The rule of `_schedule.online_stores`,
-  computed from a few arrays of one entry per slot that the loop carries: nothing is
-  planned while tracing, and any trip count is placed alike.
-- `TableRule`: a scan's trip count is known while tracing, so its stores are
-  `_schedule.offline_stores`, a table of at most one entry per slot.
+- `OnlineRule`: the rule of `_schedule.online_stores`, computed in the loop from a
+  few arrays of one entry per slot that it carries. Nothing is planned while
+  tracing, so any trip count is placed alike: for unbounded loops and bounds past
+  `TABLE_STEPS`.
+- `TableRule`: the stores listed while tracing, replayed from a table: the same
+  `online_stores` up to a bound of `TABLE_STEPS`, or a scan's
+  `_schedule.offline_stores` (its trip count is known).
 
 Both keep the choice unbatched: under `vmap` the whole batch shares one schedule.
 """
 
+import functools
 from typing import NamedTuple
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jaxtyping import Array, Bool, Float, Int
 
-from ._schedule import BAND_CAP, INT32_MAX, offline_stores
+from ._schedule import (
+    BAND_CAP,
+    grown_bands,
+    INT32_MAX,
+    offline_stores,
+    online_stores,
+)
 
 
 class Decision(NamedTuple):
@@ -32,12 +42,12 @@ class Decision(NamedTuple):
 
 
 class OnlineState(NamedTuple):
-    """`OnlineRule`'s carry: the stored positions in order and their slots, and
-    the bands of the current regime (see `_schedule.online_stores`)."""
+    """`OnlineRule`'s carry (see `_schedule.online_stores`)."""
 
-    held: Int[Array, " slots"]
-    order: Int[Array, " slots"]
-    bands: Int[Array, " slots+1"]  # `bands[k] = C(k + r, k)`, clipped at `BAND_CAP`
+    # row 0: the stored positions in increasing order; row 1: the slot of each
+    held: Int[Array, "2 slots"]
+    # `bands[k] = C(k + r, k)` in the current regime `r`
+    bands: Float[Array, " slots+1"]
 
 
 class OnlineRule:
@@ -47,9 +57,11 @@ class OnlineRule:
 
     - `slots`: the number of checkpoint slots, at least 2.
 
-    Per event this is a handful of operations on arrays of `slots` entries, in a
-    `lax.cond` branch that the first `slots - 1` events (which fill the free slots)
-    skip. A store event comes every `r + 1` steps in regime `r`.
+    A store event comes every `r + 1` steps in regime `r`. Each is a few
+    elementwise operations and one reduction on arrays of `slots` entries, so that
+    XLA makes few kernels of it (compile time grows with their number), in a
+    `lax.cond` branch that the first `slots - 1` events (which fill the free
+    slots) skip.
     """
 
     def __init__(self, slots: int):
@@ -60,71 +72,73 @@ class OnlineRule:
         """The state after `x_0` is stored: as if the free slots were filled (the
         first events fill them without reading it)."""
         ramp = jnp.arange(self.slots, dtype=jnp.int32)
-        return OnlineState(ramp, ramp, jnp.ones(self.slots + 1, jnp.int32))
+        bands = jnp.ones(self.slots + 1, jnp.float32)
+        return OnlineState(jnp.stack([ramp, ramp]), bands)
 
     def first_stop(self, state: OnlineState) -> Int[Array, ""]:
         return jnp.array(1, jnp.int32)
 
     def decide(self, t: Int[Array, ""], state: OnlineState) -> Decision:
         """The event at step `t` (after the previous event's `stop`)."""
-        slots = self.slots
 
         def fill(state):
             return Decision(jnp.array(True), t, state, t + 1)
 
         def merge(state):
-            held, order, bands = state
-            wider = _wider_bands(bands)
+            # the scalars first, from `bands[1] = r + 1` and `bands[-1]`, so that
+            # the vectors are only read by the choice and written by the update
+            r1, last = state.bands[1], state.bands[-1]
+            end = jnp.minimum(jnp.round(last * (self.slots + r1) / r1), BAND_CAP)
             # past the regime's last trip count, `C(slots + r + 1, slots) - 1`
-            bands = jnp.where(t + 1 >= wider[slots], wider, bands)
-            due = t - held[-1] >= bands[1]
-            new_held, new_order = _merge(held, order, t, bands)
-            held = jnp.where(due, new_held, held)
-            order = jnp.where(due, new_order, order)
-            stop = jnp.maximum(t + 1, held[-1] + bands[1])
-            return Decision(due, order[-1], OnlineState(held, order, bands), stop)
+            crossing = _f32(t + 1) >= end
+            width = jnp.where(crossing, r1 + 1, r1)  # bands[1] after: r + 1
+            due = _f32(t - state.held[0, -1]) >= width
+            stop = jnp.maximum(
+                t + 1, jnp.where(due, t, state.held[0, -1]) + width.astype(jnp.int32)
+            )
+            bands = jnp.where(crossing, grown_bands(state.bands, jnp), state.bands)
+            held, slot = _merge(state.held, t, bands, due)
+            return Decision(due, slot, OnlineState(held, bands), stop)
 
-        return lax.cond(t < slots, fill, merge, state)
-
-
-def _wider_bands(bands: Int[Array, " slots+1"]) -> Int[Array, " slots+1"]:
-    """The next regime's bands: a cumulative sum (Pascal's rule), in float32 so
-    that it cannot overflow (exact below `2**24`), clipped at `BAND_CAP`."""
-    total = jnp.cumsum(bands.astype(jnp.float32))
-    return jnp.minimum(total, BAND_CAP).astype(jnp.int32)
+        return lax.cond(t < self.slots, fill, merge, state)
 
 
-def _merge(held, order, t, bands):
-    """Store `x_t` in place of `held[s]`, `s` chosen as `_schedule._merge_choice`
-    does: `(held, order)` afterwards (`t` last, in the freed slot)."""
-    slots = held.shape[0]
-    ext = jnp.append(held, t)
-    # dropping held[s] (s = 1 .. slots - 1) merges [ext[s - 1], ext[s + 1]), whose
-    # band is that of slots - s + 1 slots
-    merged = ext[2:] - ext[:-2]
+def _f32(x):
+    return jnp.asarray(x).astype(jnp.float32)
+
+
+def _merge(held, t, bands, due):
+    """If `due`, `held` after storing `x_t` in place of position `s`, chosen as
+    `_schedule._merge_choice` does (`t` last, in the freed slot); and that slot."""
+    slots = held.shape[1]
+    positions, order = held
+    ext = jnp.append(positions, t)
+    # dropping positions[s] (s = 1 .. slots - 1) merges [ext[s - 1], ext[s + 1]),
+    # whose band is that of slots - s + 1 slots
+    merged = _f32(ext[2:] - ext[:-2])
     limit = bands[slots:1:-1]
-    s = jnp.arange(1, slots, dtype=jnp.int32)
-    fits = merged <= limit
+    s = jnp.arange(1, slots, dtype=jnp.float32)
     # the fitting merge nearest the tail, else the least overfilled (by ratio)
-    ratio: Float[Array, " slots-1"] = merged.astype(jnp.float32) / limit.astype(
-        jnp.float32
-    )
-    key = jnp.where(fits, 2.0 + s.astype(jnp.float32) / slots, -ratio)
+    key = jnp.where(merged <= limit, 2.0 + s / slots, -(merged / limit))
     pick = 1 + jnp.argmax(key).astype(jnp.int32)
-    rows = jnp.arange(slots, dtype=jnp.int32)
-    take = jnp.where(rows < pick, rows, rows + 1)
-    ext_order = jnp.append(order, order[pick])
-    return ext[take], ext_order[take]
+    cols = jnp.arange(slots, dtype=jnp.int32)
+    take = jnp.where(cols < pick, cols, cols + 1)
+    ext_held = jnp.stack([ext, jnp.append(order, order[pick])])
+    return jnp.where(due, ext_held[:, take], held), order[pick]
 
 
 class TableRule:
-    """The stores of `_schedule.offline_stores(length, slots)`, from a table."""
+    """Stores listed while tracing, as `(t, slot)` pairs in order (`x_0`'s first).
 
-    def __init__(self, length: int, slots: int):
-        stores = offline_stores(length, slots)
+    A loop with a short bound replays `_schedule.online_stores` from a table,
+    which costs a few milliseconds of Python and fewer kernels to compile than
+    `OnlineRule`'s arithmetic; a scan replays `_schedule.offline_stores`.
+    """
+
+    def __init__(self, steps: np.ndarray, slot_ids: np.ndarray):
         # a sentinel step past any loop ends the table
-        self.steps = jnp.asarray([t for t, _ in stores] + [INT32_MAX], jnp.int32)
-        self.slot_ids = jnp.asarray([s for _, s in stores] + [0], jnp.int32)
+        self.steps = jnp.asarray(np.append(steps, INT32_MAX), jnp.int32)
+        self.slot_ids = jnp.asarray(np.append(slot_ids, 0), jnp.int32)
 
     def initial(self) -> Int[Array, ""]:
         """The cursor: the table's next entry, after `x_0`'s."""
@@ -140,13 +154,28 @@ class TableRule:
         return Decision(store, slot, cursor, jnp.maximum(self.steps[cursor], t + 1))
 
 
+# bounds up to this many steps replay a table (at most about 10 ms of planning at
+# 16 or 1000 slots); longer and unbounded loops decide as they run
+TABLE_STEPS = 8192
+
+
+@functools.lru_cache(maxsize=64)
+def _table(slots: int, length: int, known_length: bool):
+    if known_length:
+        stores = offline_stores(length, slots)
+    else:
+        stores = online_stores(length, slots)
+    steps, slot_ids = np.asarray(stores, dtype=np.int64).reshape(-1, 2).T
+    return steps, slot_ids
+
+
 def store_rule(slots: int, max_steps: int | None, known_length: bool):
     """The rule of a checkpointed forward sweep; `None` when every step is stored
     (`slots >= max_steps`)."""
     if max_steps is not None and slots >= max_steps:
         return None
-    if known_length:
-        return TableRule(max_steps, slots)
-    if slots <= 1:  # only `x_0`
-        return TableRule(0, slots)
+    if known_length or slots <= 1:  # a scan; or only `x_0` is stored
+        return TableRule(*_table(slots, max_steps or 0, known_length))
+    if max_steps is not None and max_steps <= TABLE_STEPS:
+        return TableRule(*_table(slots, max_steps, False))
     return OnlineRule(slots)

@@ -17,7 +17,7 @@ from boundedloop._schedule import (
     reverse_events,
     revolve_split,
 )
-from boundedloop._store_rules import OnlineRule
+from boundedloop._store_rules import OnlineRule, TABLE_STEPS
 from boundedloop._trace import trace_loop
 
 from .helpers import Counter, tree_allclose
@@ -59,11 +59,12 @@ def test_evaluations_do_not_depend_on_max_steps():
         assert len(counts) == 1
 
 
+@pytest.mark.parametrize("max_steps", [200, None])  # a table; the in-loop rule
 @pytest.mark.parametrize(
     "n,checkpoints", [(1, 1), (5, 1), (7, 2), (20, 3), (45, 4), (100, 5)]
 )
-def test_recomputation_order_matches_the_schedule(n, checkpoints):
-    calls = recorded_gradient(n, 200, checkpoints)
+def test_recomputation_order_matches_the_schedule(n, checkpoints, max_steps):
+    calls = recorded_gradient(n, max_steps, checkpoints)
     positions = forward_placement(n, checkpoints)
     expected = list(range(n)) + [
         i for _, i in reverse_events(positions, n, checkpoints)
@@ -91,10 +92,13 @@ def _jaxpr_lines(max_steps):
 
 
 def test_jaxpr_does_not_grow_with_max_steps():
-    # the store rule runs in the loop: nothing is planned for a given bound
-    assert len({_jaxpr_lines(m) for m in [64, 4096, 100_000, 10**9]}) == 1
+    # bounds up to `TABLE_STEPS` replay a table of stores, longer ones decide in
+    # the loop: the same program within each
+    table = {_jaxpr_lines(m) for m in [64, 4096, TABLE_STEPS]}
+    online = {_jaxpr_lines(m) for m in [TABLE_STEPS + 1, 100_000, 10**9]}
+    assert len(table) == 1 and len(online) == 1
     # no bound: the same, less the comparison with `max_steps`
-    assert _jaxpr_lines(None) <= _jaxpr_lines(10**9)
+    assert _jaxpr_lines(None) <= online.pop()
 
 
 def compiled_stores(slots, n):
