@@ -13,9 +13,10 @@ Terms used throughout:
 
 The forward placement is online: the trip count is unknown until the loop ends. At
 each step `t` the forward may overwrite one slot with `x_t`; `online_stores` says
-when and which, from `t` and `c` alone (see there). The compiled loop decides the
-same way as it runs (`_store_rules.py`), so nothing is planned ahead and any trip
-count is placed alike.
+when and which, from `t` and `c` alone (see there). The compiled loop makes the
+same choices (`_store_rules.py`): from a table of them, listed here, when the loop
+is bounded by a few thousand steps, and as it runs otherwise, so that nothing is
+planned ahead and any trip count is placed alike.
 """
 
 import functools
@@ -174,10 +175,10 @@ def online_stores(n: int, slots: int) -> list[tuple[int, int]]:
 
     Choices depend on `t` and `slots` only, so a longer loop's stores extend a
     shorter loop's. Against the hindsight optimum (`2n` plus its recomputation)
-    this is exact while `r <= 1` (up to `C(slots + 2, 2) - 1` steps) and within
-    1.03 times over `n <= 10**7` at 8 and 32 slots and `10**6` at 1000 slots
-    (`benchmarks/long_loop.py`); with two slots its worst ratio, 1.096 at `n = 22`,
-    is within 0.001 of the least any online placement can guarantee.
+    the worst ratio over `n <= 2000` is 1.097 at two slots (the least any online
+    placement can guarantee there is 1.0967: `tests/test_schedule.py`), 1.062 at
+    4, 1.029 at 8 and 1.026 at 16; at 32 slots it is 1.002 at `10**6` steps and
+    1.000 at `10**7`, with no planning horizon.
     """
     # `x_0` in slot 0, even if the loop takes no step; then the free slots
     stores = [(t, t) for t in range(min(max(n, 1), slots))]

@@ -41,8 +41,13 @@ def temp_bytes(max_steps, checkpoints):
 
 
 def test_temp_memory_does_not_depend_on_max_steps():
-    sizes = {m: temp_bytes(m, 16) for m in [64, 1000, 100_000, 10**6]}
-    assert len(set(sizes.values())) == 1, sizes
+    sizes = {m: temp_bytes(m, 16) for m in [64, 1000, 100_000, 10**6, None]}
+    # bounds up to `TABLE_STEPS` replay a table of stores; longer ones carry the
+    # store rule's state instead (12 bytes a slot and a little more)
+    table = {sizes[m] for m in [64, 1000]}
+    online = {sizes[m] for m in [100_000, 10**6, None]}
+    assert len(table) == 1 and len(online) == 1, sizes
+    assert 0 <= online.pop() - table.pop() <= 16 * 32, sizes
     # it is the checkpoints that cost memory ...
     assert 0 < sizes[1000] < temp_bytes(1000, 256)
 
