@@ -139,6 +139,14 @@ def grown_bands(bands, xp=np):
     return xp.minimum(xp.round(bands * (ks + r1) / r1), xp.float32(BAND_CAP))
 
 
+def _regime_end(bands: np.ndarray) -> np.float32:
+    """`C(slots + r + 1, slots)`, one past the regime's last trip count, as the
+    compiled rule computes it (the last entry of `grown_bands`)."""
+    r1, last = bands[1], bands[-1]
+    slots = np.float32(bands.shape[0] - 1)
+    return min(np.round(last * (slots + r1) / r1), np.float32(BAND_CAP))
+
+
 def _merge_choice(held: list[int], t: int, limits: list[float]) -> int:
     """Which stored position `held[s]` (`1 <= s < slots`) to drop when storing
     `x_t` (see `online_stores`); `limits[k]` is the band of `k` slots. Compares as
@@ -187,15 +195,12 @@ def online_stores(n: int, slots: int) -> list[tuple[int, int]]:
     held = list(range(slots))  # the stored positions once the slots are filled
     order = list(range(slots))  # the slot holding each
     bands = np.ones(slots + 1, np.float32)  # `bands[k] = C(k + r, k)`, `r = 0`
-    limits, width = bands.tolist(), 1
+    limits, width, end = bands.tolist(), 1, _regime_end(bands)
     t = slots
     while t < n:
-        # past the regime's last trip count, `C(slots + r + 1, slots) - 1`
-        r1, last = bands[1], bands[-1]
-        end = min(np.round(last * (np.float32(slots) + r1) / r1), BAND_CAP)
-        if np.float32(t + 1) >= end:
+        if np.float32(t + 1) >= end:  # past the regime's last trip count
             bands = grown_bands(bands)
-            limits, width = bands.tolist(), int(bands[1])
+            limits, width, end = bands.tolist(), int(bands[1]), _regime_end(bands)
         if t - held[-1] >= width:
             s = _merge_choice(held, t, limits)
             stores.append((t, order[s]))
