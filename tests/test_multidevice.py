@@ -54,3 +54,8 @@ def test_explicit_axes_mesh(results):
 
 def test_loop_inside_shard_map(results):
     _check(results, "shard_map", 3)
+
+
+def test_unbounded_loop_inside_shard_map(results):
+    """The store rule that runs in the loop, inside `shard_map`."""
+    _check(results, "shard_map_unbounded", 3)

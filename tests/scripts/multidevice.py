@@ -173,8 +173,11 @@ def check_jit_buffers(check):
     check.sharding("scan grad x", g[0], rows)
 
 
-def check_shard_map(check):
+def check_shard_map(check, max_steps=MAX_STEPS):
+    """`max_steps=None`: the forward decides its stores in the loop (a bound of
+    `MAX_STEPS` replays a table of them)."""
     mesh = AUTO
+    name = "shard_map" if max_steps is not None else "shard_map unbounded"
 
     def per_shard(x, w, n):
         # x: this device's (2, 3) rows; n: this device's trip count, shape (1,).
@@ -186,7 +189,7 @@ def check_shard_map(check):
 
         carry = (x, jnp.zeros_like(n[0]), jnp.int32(0))
         out = bl.while_loop(
-            lambda c: c[1] < n[0], step, carry, max_steps=MAX_STEPS, checkpoints=3
+            lambda c: c[1] < n[0], step, carry, max_steps=max_steps, checkpoints=3
         )
         return out[0]
 
@@ -206,18 +209,18 @@ def check_shard_map(check):
     ns = jnp.array([0, 3, 12, 7, 1, 20, 5, 9])  # one trip count per device
     x = jax.device_put(X, NamedSharding(mesh, P("data")))
     out = forward(x, W, ns)
-    check.sharding("shard_map forward", out, NamedSharding(mesh, P("data")))
+    check.sharding(f"{name} forward", out, NamedSharding(mesh, P("data")))
     expected_out, expected_gx, expected_gw = [], [], jnp.zeros_like(W)
     for d, n in enumerate(ns.tolist()):
-        rows, trips = X[2 * d : 2 * d + 2], min(n, MAX_STEPS)
+        rows, trips = X[2 * d : 2 * d + 2], min(n, max_steps or n)
         expected_out.append(reference(rows, W, trips))
         gx, gw = reference_grad(rows, W, trips)
         expected_gx.append(gx)
         expected_gw = expected_gw + gw
-    check.close("shard_map forward", out, jnp.concatenate(expected_out))
+    check.close(f"{name} forward", out, jnp.concatenate(expected_out))
     g_x, g_w = grad(x, W, ns)
     expected = (jnp.concatenate(expected_gx), expected_gw)
-    check.close("shard_map grad", (g_x, g_w), expected)
+    check.close(f"{name} grad", (g_x, g_w), expected)
 
 
 def check_explicit(check):
@@ -230,6 +233,7 @@ CHECKS = {
     "jit_buffers": check_jit_buffers,
     "explicit": check_explicit,
     "shard_map": check_shard_map,
+    "shard_map_unbounded": lambda check: check_shard_map(check, None),
 }
 
 results = {}
