@@ -101,10 +101,10 @@ def test_jaxpr_does_not_grow_with_max_steps():
     assert _jaxpr_lines(None) <= online.pop()
 
 
-def compiled_stores(slots, n):
+def compiled_stores(slots, n, listed=0):
     """The stores `OnlineRule` makes in the compiled loop up to step `n`, event by
     event, as `(t, slot)` pairs."""
-    rule = OnlineRule(slots)
+    rule = OnlineRule(slots, listed)
 
     def run():
         def event(state):
@@ -125,10 +125,12 @@ def compiled_stores(slots, n):
 
 
 @pytest.mark.parametrize("slots", [2, 3, 5, 16, 33])
-def test_compiled_store_rule_matches_the_schedule(slots):
+@pytest.mark.parametrize("listed", [0, 700])
+def test_compiled_store_rule_matches_the_schedule(slots, listed):
     """The forward's in-graph store rule makes `_schedule.online_stores`'s choices,
-    through regimes 0 to 5 at 5 slots and 0 to 2 at 33."""
-    assert compiled_stores(slots, 3000) == online_stores(3000, slots)
+    through regimes 0 to 5 at 5 slots and 0 to 2 at 33; also where it takes over
+    from a table of the first 700 steps' stores."""
+    assert compiled_stores(slots, 3000, listed) == online_stores(3000, slots)
 
 
 @pytest.mark.parametrize("slots", [2, 3, 8])
