@@ -22,7 +22,6 @@ planned ahead and any trip count is placed alike.
 import functools
 import itertools
 import math
-from typing import NamedTuple
 
 import numpy as np
 
@@ -189,31 +188,13 @@ def online_stores(n: int, slots: int) -> list[tuple[int, int]]:
     4, 1.029 at 8 and 1.026 at 16; at 32 slots it is 1.002 at `10**6` steps and
     1.000 at `10**7`, with no planning horizon.
     """
-    return online_run(n, slots)[0]
-
-
-class Resume(NamedTuple):
-    """Where `online_stores` stops: its next event's step, and the rule's state
-    before it (the positions held in increasing order, the slot of each, and the
-    bands)."""
-
-    t: int
-    held: list[int]
-    order: list[int]
-    bands: np.ndarray
-
-
-def online_run(n: int, slots: int) -> tuple[list[tuple[int, int]], Resume]:
-    """`online_stores(n, slots)`, and where the rule resumes for longer loops."""
     # `x_0` in slot 0, even if the loop takes no step; then the free slots
     stores = [(t, t) for t in range(min(max(n, 1), slots))]
+    if slots <= 1:
+        return stores
     held = list(range(slots))  # the stored positions once the slots are filled
     order = list(range(slots))  # the slot holding each
     bands = np.ones(slots + 1, np.float32)  # `bands[k] = C(k + r, k)`, `r = 0`
-    if slots <= 1:
-        return stores, Resume(INT32_MAX, held, order, bands)
-    if n <= slots:  # filling the free slots, one event a step
-        return stores, Resume(max(n, 1), held, order, bands)
     limits, width, end = bands.tolist(), 1, _regime_end(bands)
     t = slots
     while t < n:
@@ -227,7 +208,7 @@ def online_run(n: int, slots: int) -> tuple[list[tuple[int, int]], Resume]:
             held.append(t)
             order.append(order.pop(s))
         t = max(t + 1, held[-1] + width)
-    return stores, Resume(t, held, order, bands)
+    return stores
 
 
 def forward_placement(n: int, slots: int) -> list[int]:

@@ -4,13 +4,13 @@ The forward sweep runs its steps in a tight loop up to the next *store event*; a
 each event a rule says whether to store the current state, in which slot, and where
 the next event is. Two rules:
 
-- `TableRule`: stores listed while tracing, replayed from a table: those of
-  `_schedule.online_stores` for a loop bounded by at most `TABLE_STEPS` steps, or
-  a scan's `_schedule.offline_stores` (its trip count is known).
-- `OnlineRule`: for longer and unbounded loops, the first `TABLE_STEPS` steps'
-  stores from a table, then the same rule computed in the loop from a few arrays
-  of one entry per slot that it carries. Nothing is planned past the table, so
-  any trip count is placed alike.
+- `OnlineRule`: the rule of `_schedule.online_stores`, computed in the loop from a
+  few arrays of one entry per slot that it carries. Nothing is planned while
+  tracing, so any trip count is placed alike: for unbounded loops and bounds past
+  `TABLE_STEPS`.
+- `TableRule`: the stores listed while tracing, replayed from a table: the same
+  `online_stores` up to a bound of `TABLE_STEPS`, or a scan's
+  `_schedule.offline_stores` (its trip count is known).
 
 Both keep the choice unbatched: under `vmap` the whole batch shares one schedule.
 """
@@ -23,7 +23,13 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, Bool, Float, Int
 
-from ._schedule import BAND_CAP, grown_bands, INT32_MAX, offline_stores, online_run
+from ._schedule import (
+    BAND_CAP,
+    grown_bands,
+    INT32_MAX,
+    offline_stores,
+    online_stores,
+)
 
 
 class Decision(NamedTuple):
@@ -38,7 +44,6 @@ class Decision(NamedTuple):
 class OnlineState(NamedTuple):
     """`OnlineRule`'s carry (see `_schedule.online_stores`)."""
 
-    cursor: Int[Array, ""]  # the next entry of its table of first stores
     # row 0: the stored positions in increasing order; row 1: the slot of each
     held: Int[Array, "2 slots"]
     # `bands[k] = C(k + r, k)` in the current regime `r`
@@ -51,39 +56,30 @@ class OnlineRule:
     **Arguments:**
 
     - `slots`: the number of checkpoint slots, at least 2.
-    - `listed`: the stores of a loop of this many steps are replayed from a table
-      (`TableRule`); from there on the rule runs in the loop, from the state
-      `_schedule.online_run` resumes from.
 
-    A store event comes every `r + 1` steps in regime `r`. In the loop, each is
-    elementwise operations and one reduction on arrays of `slots` entries: about
-    eight kernels (XLA's compile time grows with their number: 0.05 to 0.08 s
-    here), and at run time about 0.5 µs an event on a CPU, against a table's
-    lookup. A `lax.cond` runs either the table's event or the rule's (and the rule
-    skips its arithmetic while filling the free slots).
+    A store event comes every `r + 1` steps in regime `r`. Each is elementwise
+    operations and one reduction on arrays of `slots` entries, about eight kernels
+    (XLA's compile time grows with their number: 0.05 to 0.08 s here), in a
+    `lax.cond` branch that the first `slots - 1` events (which fill the free
+    slots) skip.
     """
 
-    def __init__(self, slots: int, listed: int = 0):
+    def __init__(self, slots: int):
         assert slots >= 2
         self.slots = slots
-        stores, self.resume = _online_run(slots, listed)
-        self.table = TableRule(*stores, end=self.resume.t)
 
     def initial(self) -> OnlineState:
-        """The state after `x_0` is stored."""
-        held = jnp.asarray([self.resume.held, self.resume.order], jnp.int32)
-        bands = jnp.asarray(self.resume.bands, jnp.float32)
-        return OnlineState(self.table.initial(), held, bands)
+        """The state after `x_0` is stored: as if the free slots were filled (the
+        first events fill them without reading it)."""
+        ramp = jnp.arange(self.slots, dtype=jnp.int32)
+        bands = jnp.ones(self.slots + 1, jnp.float32)
+        return OnlineState(jnp.stack([ramp, ramp]), bands)
 
     def first_stop(self, state: OnlineState) -> Int[Array, ""]:
-        return self.table.first_stop(state.cursor)
+        return jnp.array(1, jnp.int32)
 
     def decide(self, t: Int[Array, ""], state: OnlineState) -> Decision:
         """The event at step `t` (after the previous event's `stop`)."""
-
-        def listed(state):
-            decision = self.table.decide(t, state.cursor)
-            return decision._replace(state=state._replace(cursor=decision.state))
 
         def fill(state):
             return Decision(jnp.array(True), t, state, t + 1)
@@ -102,27 +98,9 @@ class OnlineRule:
             )
             bands = jnp.where(crossing, grown_bands(state.bands, jnp), state.bands)
             held, slot = _merge(state.held, t, bands, due)
-            return Decision(due, slot, state._replace(held=held, bands=bands), stop)
+            return Decision(due, slot, OnlineState(held, bands), stop)
 
-        def rule(state):
-            if self.resume.t >= self.slots:  # the table fills the free slots
-                return merge(state)
-            return lax.cond(t < self.slots, fill, merge, state)
-
-        if self.resume.t <= 1:  # no table beyond `x_0`
-            return rule(state)
-        return lax.cond(t < self.resume.t, listed, rule, state)
-
-
-@functools.lru_cache(maxsize=64)
-def _online_run(slots: int, listed: int):
-    """`_schedule.online_run`, as `((steps, slot_ids), resume)`."""
-    stores, resume = online_run(listed, slots)
-    return _columns(stores), resume
-
-
-def _columns(stores):
-    return tuple(np.asarray(stores, dtype=np.int64).reshape(-1, 2).T)
+        return lax.cond(t < self.slots, fill, merge, state)
 
 
 def _f32(x):
@@ -157,9 +135,9 @@ class TableRule:
     `OnlineRule`'s arithmetic; a scan replays `_schedule.offline_stores`.
     """
 
-    def __init__(self, steps: np.ndarray, slot_ids: np.ndarray, end: int = INT32_MAX):
-        # after the last entry the next event is at `end`: by default past any loop
-        self.steps = jnp.asarray(np.append(steps, end), jnp.int32)
+    def __init__(self, steps: np.ndarray, slot_ids: np.ndarray):
+        # a sentinel step past any loop ends the table
+        self.steps = jnp.asarray(np.append(steps, INT32_MAX), jnp.int32)
         self.slot_ids = jnp.asarray(np.append(slot_ids, 0), jnp.int32)
 
     def initial(self) -> Int[Array, ""]:
@@ -185,8 +163,11 @@ TABLE_STEPS = 16384
 @functools.lru_cache(maxsize=64)
 def _table(slots: int, length: int, known_length: bool):
     if known_length:
-        return _columns(offline_stores(length, slots))
-    return _online_run(slots, length)[0]
+        stores = offline_stores(length, slots)
+    else:
+        stores = online_stores(length, slots)
+    steps, slot_ids = np.asarray(stores, dtype=np.int64).reshape(-1, 2).T
+    return steps, slot_ids
 
 
 def store_rule(slots: int, max_steps: int | None, known_length: bool):
@@ -198,4 +179,4 @@ def store_rule(slots: int, max_steps: int | None, known_length: bool):
         return TableRule(*_table(slots, max_steps or 0, known_length))
     if max_steps is not None and max_steps <= TABLE_STEPS:
         return TableRule(*_table(slots, max_steps, False))
-    return OnlineRule(slots, TABLE_STEPS)
+    return OnlineRule(slots)

@@ -101,10 +101,10 @@ def test_jaxpr_does_not_grow_with_max_steps():
     assert _jaxpr_lines(None) <= online.pop()
 
 
-def compiled_stores(slots, n, listed=0):
+def compiled_stores(slots, n):
     """The stores `OnlineRule` makes in the compiled loop up to step `n`, event by
     event, as `(t, slot)` pairs."""
-    rule = OnlineRule(slots, listed)
+    rule = OnlineRule(slots)
 
     def run():
         def event(state):
@@ -125,13 +125,10 @@ def compiled_stores(slots, n, listed=0):
 
 
 @pytest.mark.parametrize("slots", [2, 3, 5, 16, 33])
-@pytest.mark.parametrize("listed", [0, 4, 700])
-def test_compiled_store_rule_matches_the_schedule(slots, listed):
+def test_compiled_store_rule_matches_the_schedule(slots):
     """The forward's in-graph store rule makes `_schedule.online_stores`'s choices,
-    through regimes 0 to 5 at 5 slots and 0 to 2 at 33; also where it takes over
-    from a table of the first 4 steps' stores (at 5, 16 and 33 slots, while free
-    slots are still being filled) or 700 steps'."""
-    assert compiled_stores(slots, 3000, listed) == online_stores(3000, slots)
+    through regimes 0 to 5 at 5 slots and 0 to 2 at 33."""
+    assert compiled_stores(slots, 3000) == online_stores(3000, slots)
 
 
 @pytest.mark.parametrize("slots", [2, 3, 8])
