@@ -59,9 +59,9 @@ class OnlineRule:
 
     A store event comes every `r + 1` steps in regime `r`. Each is elementwise
     operations and one reduction on arrays of `slots` entries, about eight kernels
-    (XLA's compile time grows with their number: 0.05 to 0.08 s here), in a
-    `lax.cond` branch that the first `slots - 1` events (which fill the free
-    slots) skip.
+    (XLA's compile time grows with their number: 0.05 to 0.1 s here) that take
+    about 0.5 µs an event more than a table lookup on a CPU, in a `lax.cond` branch
+    that the first `slots - 1` events (which fill the free slots) skip.
     """
 
     def __init__(self, slots: int):
