@@ -15,8 +15,8 @@ The forward placement is online: the trip count is unknown until the loop ends. 
 each step `t` the forward may overwrite one slot with `x_t`; `online_stores` says
 when and which, from `t` and `c` alone (see there). The compiled loop makes the
 same choices (`_store_rules.py`): from a table of them, listed here, when the loop
-is bounded by a few thousand steps, and as it runs otherwise, so that nothing is
-planned ahead and any trip count is placed alike.
+is bounded by at most `_store_rules.TABLE_STEPS` (16384) steps, and as it runs
+otherwise, so that nothing is planned ahead and any trip count is placed alike.
 """
 
 import functools
