@@ -334,6 +334,18 @@ class _Sweep:
         return state
 
 
+def _steps_left(state: ReverseState):
+    """Whether steps remain to be reversed: `end > 0`, written to read a second
+    carried scalar, the stack's depth, which is never negative.
+
+    XLA's trip-count analysis (jaxlib 0.10) takes a loop condition that reads one
+    carried scalar for an induction variable, and then copies whatever computes that
+    scalar in the body, nested loops and all, on each pass that asks: with the
+    reverse-and-pop loop nested here that was 0.04 s of a 0.5 s compile. A condition
+    on two carried scalars has no single induction variable, and is passed over."""
+    return (state.end > 0) | (state.stack.depth < 0)
+
+
 @jax.named_scope("boundedloop_reverse")
 def reverse_sweep(
     step: ReversibleStep, tape: Tape, ct_final, ct_bufs, config: "LoopConfig"
@@ -361,6 +373,6 @@ def reverse_sweep(
         step.zero_ct_body(),
     )
     body = sweep.reverse_stored if sweep.every_step_stored else sweep.reverse_segment
-    state = varying_while_loop(lambda s: s.end > 0, body, state)
+    state = varying_while_loop(_steps_left, body, state)
     ct_init = sweep.unread_ct(state.ct, tape.trips == 0)
     return state.ct_body, ct_init, state.ct_bufs
