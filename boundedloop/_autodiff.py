@@ -124,6 +124,12 @@ class _LoopJVP:
     def two_pass(self, leaves, t_in) -> list:
         """`checkpointed_sweep`, and the tangent as `loop_tangent` over its tape:
         evaluated, the JVP of `replay_sweep`; transposed, `reverse_sweep`."""
+        out, tangent = self.checkpointed(leaves)
+        return out + tangent(t_in)
+
+    def checkpointed(self, leaves):
+        """`two_pass` in two stages: `checkpointed_sweep` now, returning the outputs
+        and the tangent stage, `t_in -> t_out`, which reads only its tape."""
         loop, config, wanted = self._loop(leaves), self.config, self.wanted
         out, tape = checkpointed_sweep(loop, config)
         residuals = _Residuals(loop, tape)
@@ -144,15 +150,18 @@ class _LoopJVP:
             ct_in = reverse_sweep(step, tape, ct_x, ct_bufs, config)
             return _pick(wanted, forward_only(ct_in))
 
-        t_out = loop_tangent(
-            residuals.leaves,
-            t_in,
-            jvp_fn=jvp_fn,
-            vjp_fn=vjp_fn,
-            out_avals=self.out_avals[len(jtu.tree_leaves(out)) :],
-            loop_effects=frozenset(loop.body.jaxpr.effects),
-        )
-        return jtu.tree_leaves(out) + list(t_out)
+        def tangent(t_in):
+            t_out = loop_tangent(
+                residuals.leaves,
+                t_in,
+                jvp_fn=jvp_fn,
+                vjp_fn=vjp_fn,
+                out_avals=self.out_avals[len(jtu.tree_leaves(out)) :],
+                loop_effects=frozenset(loop.body.jaxpr.effects),
+            )
+            return list(t_out)
+
+        return jtu.tree_leaves(out), tangent
 
 
 @checkpointed_loop.def_jvp
@@ -176,7 +185,7 @@ def _loop_jvp(primals, tangents):
     # only perturbed leaves get tangents (see `_perturbation`)
     jvp = _LoopJVP(loop, config, wanted, perturbed)
     spec = Spec(
-        Passes(jvp.one_pass, jvp.two_pass),
+        Passes(jvp.one_pass, jvp.two_pass, jvp.checkpointed),
         n_primals=len(jvp.leaves),
         n_outputs=jvp.out_def.num_leaves,
         out_avals=jvp.out_avals,

@@ -84,47 +84,52 @@ class OnlineRule:
         def fill(state):
             return Decision(jnp.array(True), t, state, t + 1)
 
-        def merge(state):
-            # the scalars first, from `bands[1] = r + 1` and `bands[-1]`, so that
-            # the vectors are only read by the choice and written by the update
-            r1, last = state.bands[1], state.bands[-1]
-            end = jnp.minimum(jnp.round(last * (self.slots + r1) / r1), BAND_CAP)
-            # past the regime's last trip count, `C(slots + r + 1, slots) - 1`
-            crossing = _f32(t + 1) >= end
-            width = jnp.where(crossing, r1 + 1, r1)  # bands[1] after: r + 1
-            due = _f32(t - state.held[0, -1]) >= width
-            stop = jnp.maximum(
-                t + 1, jnp.where(due, t, state.held[0, -1]) + width.astype(jnp.int32)
-            )
-            bands = jnp.where(crossing, grown_bands(state.bands, jnp), state.bands)
-            held, slot = _merge(state.held, t, bands, due)
-            return Decision(due, slot, OnlineState(held, bands), stop)
+        return lax.cond(t < self.slots, fill, functools.partial(self._merge, t), state)
 
-        return lax.cond(t < self.slots, fill, merge, state)
+    def _merge(self, t: Int[Array, ""], state: OnlineState) -> Decision:
+        """An event past the first `slots - 1`, which fill the free slots."""
+        slots = self.slots
+        held, bands = state
+        tail = held[0, -1]
+        # the scalars first, from `bands[1] = r + 1` and `bands[-1]`, so that the
+        # vectors are only read by the choice and written by the update
+        r1, last = bands[1], bands[-1]
+        end = jnp.minimum(jnp.round(last * (slots + r1) / r1), BAND_CAP)
+        # past the regime's last trip count, `C(slots + r + 1, slots) - 1`
+        crossing = _f32(t + 1) >= end
+        width = jnp.where(crossing, r1 + 1, r1)  # bands[1] after: r + 1
+        due = _f32(t - tail) >= width
+        stop = jnp.maximum(jnp.where(due, t, tail) + width.astype(jnp.int32), t + 1)
+        bands = jnp.where(crossing, grown_bands(bands, jnp), bands)
+        merged, slot = _merge(held, t, bands)
+        held = jnp.where(due, merged, held)
+        return Decision(due, slot, OnlineState(held, bands), stop)
 
 
 def _f32(x):
     return jnp.asarray(x).astype(jnp.float32)
 
 
-def _merge(held, t, bands, due):
-    """If `due`, `held` after storing `x_t` in place of position `s`, chosen as
+def _merge(held, t, bands):
+    """`held` after storing `x_t` in place of position `s`, chosen as
     `_schedule._merge_choice` does (`t` last, in the freed slot); and that slot."""
     slots = held.shape[1]
     positions, order = held
-    ext = jnp.append(positions, t)
     # dropping positions[s] (s = 1 .. slots - 1) merges [ext[s - 1], ext[s + 1]),
-    # whose band is that of slots - s + 1 slots
-    merged = _f32(ext[2:] - ext[:-2])
+    # where `ext` is `positions` with `t` appended; its band is that of
+    # `slots - s + 1` slots
+    after = jnp.concatenate([positions[2:], t[None]])
+    merged = _f32(after - positions[:-1])
     limit = bands[slots:1:-1]
     s = jnp.arange(1, slots, dtype=jnp.float32)
     # the fitting merge nearest the tail, else the least overfilled (by ratio)
     key = jnp.where(merged <= limit, 2.0 + s / slots, -(merged / limit))
     pick = 1 + jnp.argmax(key).astype(jnp.int32)
+    slot = order[pick]
+    # columns from `pick` on shift left by one, and `(t, slot)` comes last
+    shifted = jnp.concatenate([held[:, 1:], jnp.stack([t, slot])[:, None]], axis=1)
     cols = jnp.arange(slots, dtype=jnp.int32)
-    take = jnp.where(cols < pick, cols, cols + 1)
-    ext_held = jnp.stack([ext, jnp.append(order, order[pick])])
-    return jnp.where(due, ext_held[:, take], held), order[pick]
+    return jnp.where(cols < pick, held, shifted), slot
 
 
 class TableRule:
