@@ -124,6 +124,7 @@ class _Stores(NamedTuple):
 
     storage: _tape.Storage  # a row per slot
     positions: Int[Array, " slots"]  # the step whose state each slot holds
+    used: Int[Array, ""]  # how many slots hold a state
     rule: Any  # the store rule's state (see `_store_rules`)
     stop: Int[Array, ""]  # the step of the next store event
 
@@ -135,6 +136,7 @@ def _first_store(rule, x0, stores: _Stores) -> _Stores:
     return stores._replace(
         storage=_tape.store(stores.storage, 0, x0),
         positions=stores.positions.at[0].set(0),
+        used=jnp.array(1, jnp.int32),
         rule=state,
         stop=rule.first_stop(state),
     )
@@ -146,9 +148,12 @@ def _store_event(rule, t, x, stores: _Stores, going) -> _Stores:
     decision = rule.decide(t, stores.rule)
     when = jnp.logical_and(decision.store, going)
     slot, positions = decision.slot, stores.positions
+    held = positions[slot]
+    fresh = jnp.logical_and(when, held == _tape.UNUSED)
     return _Stores(
         storage=_tape.store(stores.storage, slot, x, when),
-        positions=positions.at[slot].set(jnp.where(when, t, positions[slot])),
+        positions=positions.at[slot].set(jnp.where(when, t, held)),
+        used=stores.used + fresh.astype(jnp.int32),
         rule=decision.state,
         stop=decision.stop,
     )
@@ -160,6 +165,7 @@ def _initial_stores(loop: TracedLoop, slots: int) -> _Stores:
     return _Stores(
         _tape.empty(loop.init, slots),
         jnp.full((slots,), _tape.UNUSED, jnp.int32),
+        zero,
         None,
         zero,
     )
@@ -239,13 +245,14 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
     )
     length, x, bufs, _, trips = stepping
     _progress.done(meter, length)
-    positions = stores.positions
+    positions, used = stores.positions, stores.used
     if rule is None:
         steps = jnp.arange(slots, dtype=jnp.int32)
         positions = jnp.where(steps < length, steps, _tape.UNUSED)
+        used = jnp.minimum(length, slots)
     # the check travels with the trip count too, which every backward pass reads
     x, bufs, length = _finish(loop, config, (x, bufs, length))
-    return (x, bufs), Tape(stores.storage, positions, trips, length, bufs)
+    return (x, bufs), Tape(stores.storage, positions, used, trips, length, bufs)
 
 
 @jax.named_scope("boundedloop_replay")

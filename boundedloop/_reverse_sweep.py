@@ -139,13 +139,12 @@ class _Sweep:
         # cheap steps: runs of stored inputs reversed in a nested loop, and
         # store-every-step recomputation in a loop of its own (see `_body_size`)
         self.fast = _body_size.is_cheap(step.body)
-        # sort the checkpoints by position (unused slots sort last)
-        self.order = jnp.argsort(tape.positions).astype(jnp.int32)
+        # the checkpoints by position (unused slots sort last), and their slots
+        slots = jnp.arange(self.slots, dtype=jnp.int32)
+        self.sorted, self.order = lax.sort((tape.positions, slots), num_keys=1)
 
     def initial_stack(self) -> Stack:
-        positions = self.tape.positions
-        depth = jnp.sum(positions != _tape.UNUSED).astype(jnp.int32)
-        return Stack(depth, positions[self.order], self.tape.storage)
+        return Stack(self.tape.used, self.sorted, self.tape.storage)
 
     def forward(self, i, x):
         """`x_{i+1}` from `x_i` (elements whose loop had stopped by step `i` stay)."""

@@ -96,6 +96,7 @@ class Tape(NamedTuple):
 
     storage: Storage  # a row per slot (buffers are never stored)
     positions: Int[Array, " slots"]  # the step whose state each slot holds
+    used: Int[Array, ""]  # how many slots hold a state
     trips: Int[Array, ""]  # steps this element took (batched under vmap)
     length: Int[Array, ""]  # iterations the sweep ran (never batched)
     bufs: tuple  # the final buffers: every value ever written
