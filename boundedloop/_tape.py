@@ -2,8 +2,9 @@
 
 Checkpoint storage is a row per slot: one stacked array per carry leaf, except that
 scalar leaves sharing a dtype are packed into one stacked array. Writes are
-branch-free: `store` always writes a row, either the new value or the row's own old
-value, so the storage is updated in place and never copied whole.
+branch-free, so the storage is updated in place and never copied whole: a sweep
+that may not store at a step keeps a scratch row past its slots and writes there
+instead.
 """
 
 from typing import Any, NamedTuple
@@ -69,17 +70,15 @@ def load(storage: Storage, slot):
     return jtu.tree_unflatten(storage.treedef, leaves)
 
 
-def _write(s, x, slot, when):
-    if when is not True:
-        x = jnp.where(when, x, lax.dynamic_index_in_dim(s, slot, keepdims=False))
+def _write(s, x, slot):
     return lax.dynamic_update_index_in_dim(s, x.astype(s.dtype), slot, 0)
 
 
-def store(storage: Storage, slot, carry, when=True) -> Storage:
-    """`storage` with row `slot` set to `carry` where `when` (a scalar) is true."""
+def store(storage: Storage, slot, carry) -> Storage:
+    """`storage` with row `slot` set to `carry`."""
     leaves = storage.treedef.flatten_up_to(carry)
     arrays = tuple(
-        a if c is not None else _write(a, x, slot, when)
+        a if c is not None else _write(a, x, slot)
         for a, x, c in zip(storage.arrays, leaves, storage.columns)
     )
     packed = {}
@@ -87,7 +86,7 @@ def store(storage: Storage, slot, carry, when=True) -> Storage:
         row = [
             x for x, c in zip(leaves, storage.columns) if c is not None and c[0] == name
         ]
-        packed[name] = _write(p, jnp.stack(row), slot, when)
+        packed[name] = _write(p, jnp.stack(row), slot)
     return Storage(arrays, packed, storage.treedef, storage.columns)
 
 
