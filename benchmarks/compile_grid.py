@@ -5,13 +5,15 @@ max_steps, against equinox's checkpointed while loop.
 
 The loop is `cheap_steps.py`'s Euler step (width 32); the gradient is with respect to
 (W, b, x0). Every cell is traced from scratch: boundedloop's caches (the reverse
-sweep's binomial table) are cleared first, as in a program's first trace. Each cell is measured `--repeats` times (fresh
-function objects each time) and the minimum kept.
+sweep's binomial table) are cleared first, as in a program's first trace. Each cell
+is measured `--repeats` times (fresh function objects each time), ours and
+equinox's alternating, after one warm-up compile; the median is kept.
 """
 
 import argparse
 import json
 import pathlib
+import statistics
 import time
 
 import equinox.internal as eqxi
@@ -77,7 +79,7 @@ def measure(kind, checkpoints, max_steps, args):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default="benchmarks/results/compile_grid.json")
     args = parser.parse_args()
     kw, kb, kx = jax.random.split(jax.random.key(0), 3)
@@ -87,24 +89,35 @@ def main():
         jax.random.normal(kx, (WIDTH,)),
         jnp.array(50, jnp.int32),
     )
+    measure("boundedloop", 16, 64, a)  # warm-up: JAX's and XLA's own first-use costs
     rows = []
     for c in CHECKPOINTS:
         for m in MAX_STEPS:
-            for kind in ("boundedloop", "equinox"):
+            runs = {"boundedloop": [], "equinox": []}
+            errors = {}
+            for _ in range(args.repeats):
+                for kind in runs:
+                    if kind in errors:
+                        continue
+                    try:
+                        runs[kind].append(measure(kind, c, m, a))
+                    except Exception as e:  # noqa: BLE001
+                        errors[kind] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+            for kind in runs:
                 row = {"kind": kind, "checkpoints": c, "max_steps": m}
-                try:
-                    runs = [measure(kind, c, m, a) for _ in range(args.repeats)]
-                    for key in runs[0]:
-                        row[key] = min(r[key] for r in runs)
+                if kind in errors:
+                    row["error"] = errors[kind]
+                else:
+                    for key in runs[kind][0]:
+                        row[key] = statistics.median(r[key] for r in runs[kind])
                     row["total_s"] = row["trace_s"] + row["lower_s"] + row["compile_s"]
-                except Exception as e:  # noqa: BLE001
-                    row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
                 rows.append(row)
                 print(row, flush=True)
     print()
     print(
-        f"Gradient of the Euler loop (width {WIDTH}); seconds, each the minimum of "
-        f"{args.repeats} cold traces; ratio = (trace+lower+compile) ours / equinox."
+        f"Gradient of the Euler loop (width {WIDTH}); seconds, each the median of "
+        f"{args.repeats} cold traces, alternating with equinox's; ratio = "
+        "(trace+lower+compile) ours / equinox."
     )
     print()
     print(
