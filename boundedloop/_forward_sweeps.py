@@ -122,7 +122,7 @@ def plain_sweep(loop: TracedLoop, config: "LoopConfig"):
 class _Stores(NamedTuple):
     """The checkpointed forward's store bookkeeping, carried next to the step's."""
 
-    storage: _tape.Storage  # a row per slot, and a scratch row
+    storage: _tape.Storage  # a row per slot
     positions: Int[Array, " slots"]  # the step whose state each slot holds
     used: Int[Array, ""]  # how many slots hold a state
     rule: Any  # the store rule's state (see `_store_rules`)
@@ -150,10 +150,8 @@ def _store_event(rule, t, x, stores: _Stores, going) -> _Stores:
     slot, positions = decision.slot, stores.positions
     held = positions[slot]
     fresh = jnp.logical_and(when, held == _tape.UNUSED)
-    # if not, `x_t` goes to the scratch row, past the slots
-    row = jnp.where(when, slot, positions.shape[0])
     return _Stores(
-        storage=_tape.store(stores.storage, row, x),
+        storage=_tape.store(stores.storage, slot, x, when),
         positions=positions.at[slot].set(jnp.where(when, t, held)),
         used=stores.used + fresh.astype(jnp.int32),
         rule=decision.state,
@@ -161,12 +159,11 @@ def _store_event(rule, t, x, stores: _Stores, going) -> _Stores:
     )
 
 
-def _initial_stores(loop: TracedLoop, slots: int, scratch: bool) -> _Stores:
-    """Empty storage (with a scratch row for stores not made, if `scratch`); the
-    rule's state comes with the first store."""
+def _initial_stores(loop: TracedLoop, slots: int) -> _Stores:
+    """Empty storage; the rule's state comes with the first store."""
     zero = jnp.array(0, jnp.int32)
     return _Stores(
-        _tape.empty(loop.init, slots + scratch),
+        _tape.empty(loop.init, slots),
         jnp.full((slots,), _tape.UNUSED, jnp.int32),
         zero,
         None,
@@ -237,7 +234,7 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
     zero = jnp.array(0, jnp.int32)
     written = None if loop.checked_body is None else _masks(loop.bufs)
     stepping = (zero, loop.init, loop.bufs, written, zero)
-    stores = _initial_stores(loop, slots, scratch=rule is not None)
+    stores = _initial_stores(loop, slots)
     if rule is None:
         outer = store_every_step
     else:

@@ -2,9 +2,8 @@
 
 Checkpoint storage is a row per slot: one stacked array per carry leaf, except that
 scalar leaves sharing a dtype are packed into one stacked array. Writes are
-branch-free, so the storage is updated in place and never copied whole: a sweep
-that may not store at a step keeps a scratch row past its slots and writes there
-instead.
+branch-free: `store` always writes a row, either the new value or the row's own old
+value, so the storage is updated in place and never copied whole.
 """
 
 from typing import Any, NamedTuple
@@ -70,15 +69,17 @@ def load(storage: Storage, slot):
     return jtu.tree_unflatten(storage.treedef, leaves)
 
 
-def _write(s, x, slot):
+def _write(s, x, slot, when):
+    if when is not True:
+        x = jnp.where(when, x, lax.dynamic_index_in_dim(s, slot, keepdims=False))
     return lax.dynamic_update_index_in_dim(s, x.astype(s.dtype), slot, 0)
 
 
-def store(storage: Storage, slot, carry) -> Storage:
-    """`storage` with row `slot` set to `carry`."""
+def store(storage: Storage, slot, carry, when=True) -> Storage:
+    """`storage` with row `slot` set to `carry` where `when` (a scalar) is true."""
     leaves = storage.treedef.flatten_up_to(carry)
     arrays = tuple(
-        a if c is not None else _write(a, x, slot)
+        a if c is not None else _write(a, x, slot, when)
         for a, x, c in zip(storage.arrays, leaves, storage.columns)
     )
     packed = {}
@@ -86,7 +87,7 @@ def store(storage: Storage, slot, carry) -> Storage:
         row = [
             x for x, c in zip(leaves, storage.columns) if c is not None and c[0] == name
         ]
-        packed[name] = _write(p, jnp.stack(row), slot)
+        packed[name] = _write(p, jnp.stack(row), slot, when)
     return Storage(arrays, packed, storage.treedef, storage.columns)
 
 
