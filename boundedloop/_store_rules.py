@@ -60,9 +60,11 @@ class OnlineRule:
 
     A store event comes every `r + 1` steps in regime `r`. Each is elementwise
     operations and one reduction on arrays of `slots` entries, about eight kernels
-    (XLA's compile time grows with their number: 0.05 to 0.1 s here) that take
-    about 0.5 µs an event more than a table lookup on a CPU, in a `lax.cond` branch
-    that the first `slots - 1` events (which fill the free slots) skip.
+    (XLA's compile time grows with their number: 0.05 to 0.1 s here), in a
+    `lax.cond` branch that the first `slots - 1` events (which fill the free slots)
+    skip. At run time they cost no more than a table lookup: a width-4 Euler
+    gradient at 32 slots takes 0.94 to 0.97 times as long unbounded as with a
+    table (`max_steps=16384`) at 10**3 and 10**4 steps.
     """
 
     def __init__(self, slots: int):
