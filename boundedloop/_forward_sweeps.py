@@ -126,29 +126,49 @@ class _Stores(NamedTuple):
     positions: Int[Array, " slots"]  # the step whose state each slot holds
     used: Int[Array, ""]  # how many slots hold a state
     rule: Any  # the store rule's state (see `_store_rules`)
+    stop: Int[Array, ""]  # the step of the next store event
 
 
-def _store(stores: _Stores, slot, t, x) -> _Stores:
-    """`stores` with `x_t` in `slot`."""
-    positions = stores.positions
-    fresh = (positions[slot] == _tape.UNUSED).astype(jnp.int32)
+def _first_store(rule, x0, stores: _Stores) -> _Stores:
+    """`stores` holding `x_0` in slot 0, even if the loop takes no step (the
+    reverse sweep then reads nothing), and the rule's first event."""
+    state = rule.initial()
     return stores._replace(
-        storage=_tape.store(stores.storage, slot, x),
-        positions=positions.at[slot].set(t),
-        used=stores.used + fresh,
+        storage=_tape.store(stores.storage, 0, x0),
+        positions=stores.positions.at[0].set(0),
+        used=jnp.array(1, jnp.int32),
+        rule=state,
+        stop=rule.first_stop(state),
     )
 
 
-def _initial_stores(loop: TracedLoop, slots: int, rule) -> _Stores:
-    """Storage holding `x_0` in slot 0 if there is a `rule` (even if the loop takes
-    no step: the reverse sweep then reads nothing), else empty."""
-    stores = _Stores(
+def _store_event(rule, t, x, stores: _Stores, going) -> _Stores:
+    """After a run of steps that may have ended the loop: store `x_t` if the rule
+    says so and the loop goes on from it, and find the next event."""
+    decision = rule.decide(t, stores.rule)
+    when = jnp.logical_and(decision.store, going)
+    slot, positions = decision.slot, stores.positions
+    held = positions[slot]
+    fresh = jnp.logical_and(when, held == _tape.UNUSED)
+    return _Stores(
+        storage=_tape.store(stores.storage, slot, x, when),
+        positions=positions.at[slot].set(jnp.where(when, t, held)),
+        used=stores.used + fresh.astype(jnp.int32),
+        rule=decision.state,
+        stop=decision.stop,
+    )
+
+
+def _initial_stores(loop: TracedLoop, slots: int) -> _Stores:
+    """Empty storage; the rule's state comes with the first store."""
+    zero = jnp.array(0, jnp.int32)
+    return _Stores(
         _tape.empty(loop.init, slots),
         jnp.full((slots,), _tape.UNUSED, jnp.int32),
-        jnp.array(0, jnp.int32),
-        None if rule is None else rule.initial(),
+        zero,
+        None,
+        zero,
     )
-    return stores if rule is None else _store(stores, 0, 0, loop.init)
 
 
 def _stepping(loop: TracedLoop, body, max_steps, meter):
@@ -203,23 +223,24 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
             storage=_tape.store(stores.storage, t, x)
         )
 
-    def store_then_steps(state):
-        # an event (the loop goes on from `x_t`, and the first is `x_0`'s, stored
-        # again): store, then the steps up to the next event, carrying nothing else
+    def steps_then_store(state):
+        # the steps up to the next store event, carrying nothing else; the store
+        # comes after them so that the inner loop takes the carry as it is
         stepping, stores = state
-        t, x = stepping[:2]
-        decision = rule.decide(t, stores.rule)
-        stores = _store(stores, decision.slot, t, x)._replace(rule=decision.state)
         stepping = varying_while_loop(
-            lambda s: jnp.logical_and(s[0] < decision.stop, going(s)), step, stepping
+            lambda s: jnp.logical_and(s[0] < stores.stop, going(s)), step, stepping
         )
-        return stepping, stores
+        return stepping, _store_event(rule, *stepping[:2], stores, going(stepping))
 
     zero = jnp.array(0, jnp.int32)
     written = None if loop.checked_body is None else _masks(loop.bufs)
     stepping = (zero, loop.init, loop.bufs, written, zero)
-    stores = _initial_stores(loop, slots, rule)
-    outer = store_every_step if rule is None else store_then_steps
+    stores = _initial_stores(loop, slots)
+    if rule is None:
+        outer = store_every_step
+    else:
+        outer = steps_then_store
+        stores = _first_store(rule, loop.init, stores)
     stepping, stores = varying_while_loop(
         lambda state: going(state[0]), outer, (stepping, stores)
     )

@@ -175,9 +175,7 @@ def online_stores(n: int, slots: int) -> list[tuple[int, int]]:
     slots) - 1`: segment `k` at most `C(k + r, k)` steps long (its *band*). So:
 
     - *When.* The first `slots - 1` steps fill the free slots. Afterwards `x_t` is
-      stored when the tail would outgrow its band, `r + 1` steps; a store that
-      would come at a regime's end, where `r` grows, comes one step later (every
-      event stores: the next is found when a store is made).
+      stored when the tail would outgrow its band, `r + 1` steps.
     - *Where.* A store drops one position, which merges the two segments around it
       into one with the slots of the earlier one (and gives every later segment
       one slot more). Of the merges whose result fits its band, the one nearest the
@@ -197,24 +195,19 @@ def online_stores(n: int, slots: int) -> list[tuple[int, int]]:
     held = list(range(slots))  # the stored positions once the slots are filled
     order = list(range(slots))  # the slot holding each
     bands = np.ones(slots + 1, np.float32)  # `bands[k] = C(k + r, k)`, `r = 0`
-    limits, end = bands.tolist(), _regime_end(bands)
-
-    def next_event(t):
-        # `r + 1` steps on; one more where `r` grows first
-        t = t + int(bands[1])
-        return t + 1 if np.float32(t + 1) >= end else t
-
-    t = next_event(slots - 1)
+    limits, width, end = bands.tolist(), 1, _regime_end(bands)
+    t = slots
     while t < n:
         if np.float32(t + 1) >= end:  # past the regime's last trip count
             bands = grown_bands(bands)
-            limits, end = bands.tolist(), _regime_end(bands)
-        s = _merge_choice(held, t, limits)
-        stores.append((t, order[s]))
-        del held[s]
-        held.append(t)
-        order.append(order.pop(s))
-        t = next_event(t)
+            limits, width, end = bands.tolist(), int(bands[1]), _regime_end(bands)
+        if t - held[-1] >= width:
+            s = _merge_choice(held, t, limits)
+            stores.append((t, order[s]))
+            del held[s]
+            held.append(t)
+            order.append(order.pop(s))
+        t = max(t + 1, held[-1] + width)
     return stores
 
 

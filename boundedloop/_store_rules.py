@@ -1,8 +1,8 @@
 """Where the checkpointed forward stores: a rule it consults at each store event.
 
 The forward sweep runs its steps in a tight loop up to the next *store event*; at
-each event it stores the current state, in the slot a rule names, and the rule
-says where the next event is. Two rules:
+each event a rule says whether to store the current state, in which slot, and where
+the next event is. Two rules:
 
 - `OnlineRule`: the rule of `_schedule.online_stores`, computed in the loop from a
   few arrays of one entry per slot that it carries. Nothing is planned while
@@ -35,7 +35,8 @@ from ._schedule import (
 class Decision(NamedTuple):
     """What a store event does."""
 
-    slot: Int[Array, ""]  # the slot the current state is stored in
+    store: Bool[Array, ""]  # store the current state
+    slot: Int[Array, ""]  # ... in this slot
     state: object  # the rule's state after the event
     stop: Int[Array, ""]  # the step of the next event
 
@@ -47,8 +48,6 @@ class OnlineState(NamedTuple):
     held: Int[Array, "2 slots"]
     # `bands[k] = C(k + r, k)` in the current regime `r`
     bands: Float[Array, " slots+1"]
-    # whether the regime ends at the next event (which grows the bands first)
-    grows: Bool[Array, ""]
 
 
 class OnlineRule:
@@ -76,40 +75,37 @@ class OnlineRule:
         first events fill them without reading it)."""
         ramp = jnp.arange(self.slots, dtype=jnp.int32)
         bands = jnp.ones(self.slots + 1, jnp.float32)
-        return OnlineState(jnp.stack([ramp, ramp]), bands, jnp.array(False))
+        return OnlineState(jnp.stack([ramp, ramp]), bands)
+
+    def first_stop(self, state: OnlineState) -> Int[Array, ""]:
+        return jnp.array(1, jnp.int32)
 
     def decide(self, t: Int[Array, ""], state: OnlineState) -> Decision:
-        """The event at step `t` (`x_0`'s, or the previous event's `stop`)."""
+        """The event at step `t` (after the previous event's `stop`)."""
 
         def fill(state):
-            return t, state
+            return Decision(jnp.array(True), t, state, t + 1)
 
-        slot, (held, bands, _) = lax.cond(
-            t < self.slots, fill, functools.partial(self._merge, t), state
-        )
-        # `r + 1` steps on; one more where the regime ends, which the next event
-        # then starts (so every event stores)
-        stop = t + bands[1].astype(jnp.int32)
-        grows = _f32(stop + 1) >= _regime_end(bands)
-        return Decision(
-            slot, OnlineState(held, bands, grows), stop + grows.astype(jnp.int32)
-        )
+        return lax.cond(t < self.slots, fill, functools.partial(self._merge, t), state)
 
-    def _merge(self, t: Int[Array, ""], state: OnlineState):
-        """The slot for `x_t` and the state after, at an event past the first
-        `slots - 1` (which fill the free slots)."""
-        held, bands, grows = state
-        bands = jnp.where(grows, grown_bands(bands, jnp), bands)
-        held, slot = _merge(held, t, bands)
-        return slot, OnlineState(held, bands, grows)
-
-
-def _regime_end(bands):
-    """`C(slots + r + 1, slots)`, one past the regime's last trip count (as
-    `_schedule._regime_end`)."""
-    slots = bands.shape[0] - 1
-    r1, last = bands[1], bands[-1]
-    return jnp.minimum(jnp.round(last * (slots + r1) / r1), BAND_CAP)
+    def _merge(self, t: Int[Array, ""], state: OnlineState) -> Decision:
+        """An event past the first `slots - 1`, which fill the free slots."""
+        slots = self.slots
+        held, bands = state
+        tail = held[0, -1]
+        # the scalars first, from `bands[1] = r + 1` and `bands[-1]`, so that the
+        # vectors are only read by the choice and written by the update
+        r1, last = bands[1], bands[-1]
+        end = jnp.minimum(jnp.round(last * (slots + r1) / r1), BAND_CAP)
+        # past the regime's last trip count, `C(slots + r + 1, slots) - 1`
+        crossing = _f32(t + 1) >= end
+        width = jnp.where(crossing, r1 + 1, r1)  # bands[1] after: r + 1
+        due = _f32(t - tail) >= width
+        stop = jnp.maximum(jnp.where(due, t, tail) + width.astype(jnp.int32), t + 1)
+        bands = jnp.where(crossing, grown_bands(bands, jnp), bands)
+        merged, slot = _merge(held, t, bands)
+        held = jnp.where(due, merged, held)
+        return Decision(due, slot, OnlineState(held, bands), stop)
 
 
 def _f32(x):
@@ -147,19 +143,22 @@ class TableRule:
     """
 
     def __init__(self, steps: np.ndarray, slot_ids: np.ndarray):
-        assert steps[0] == 0 and np.all(np.diff(steps) > 0)
         # a sentinel step past any loop ends the table
         self.steps = jnp.asarray(np.append(steps, INT32_MAX), jnp.int32)
         self.slot_ids = jnp.asarray(np.append(slot_ids, 0), jnp.int32)
 
     def initial(self) -> Int[Array, ""]:
-        """The cursor: the table's next entry, `x_0`'s."""
-        return jnp.array(0, jnp.int32)
+        """The cursor: the table's next entry, after `x_0`'s."""
+        return jnp.array(1, jnp.int32)
+
+    def first_stop(self, cursor: Int[Array, ""]) -> Int[Array, ""]:
+        return self.steps[cursor]
 
     def decide(self, t: Int[Array, ""], cursor: Int[Array, ""]) -> Decision:
-        """The event at step `t`, the cursor's (its entry's step)."""
-        del t
-        return Decision(self.slot_ids[cursor], cursor + 1, self.steps[cursor + 1])
+        store = t == self.steps[cursor]
+        slot = self.slot_ids[cursor]
+        cursor = cursor + store.astype(jnp.int32)
+        return Decision(store, slot, cursor, jnp.maximum(self.steps[cursor], t + 1))
 
 
 # bounds up to this many steps replay a table (listing it takes 4 ms of Python at 16

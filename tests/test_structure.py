@@ -103,24 +103,25 @@ def test_jaxpr_does_not_grow_with_max_steps():
 
 def compiled_stores(slots, n):
     """The stores `OnlineRule` makes in the compiled loop up to step `n`, event by
-    event (every event stores, `x_0`'s first), as `(t, slot)` pairs."""
+    event, as `(t, slot)` pairs."""
     rule = OnlineRule(slots)
 
     def run():
         def event(state):
             t, rule_state, k, steps, slot_ids = state
             decision = rule.decide(t, rule_state)
-            steps = steps.at[k].set(t)
+            steps = steps.at[k].set(jnp.where(decision.store, t, -1))
             slot_ids = slot_ids.at[k].set(decision.slot)
             return decision.stop, decision.state, k + 1, steps, slot_ids
 
+        first = rule.initial()
         empty = jnp.full(n, -1, jnp.int32)
-        init = (jnp.int32(0), rule.initial(), 0, empty, jnp.zeros(n, jnp.int32))
+        init = (rule.first_stop(first), first, 0, empty, jnp.zeros(n, jnp.int32))
         return lax.while_loop(lambda state: state[0] < n, event, init)[2:]
 
     events, steps, slot_ids = jax.jit(run)()
     pairs = zip(np.asarray(steps)[: int(events)], np.asarray(slot_ids))
-    return [(int(t), int(s)) for t, s in pairs]
+    return [(0, 0)] + [(int(t), int(s)) for t, s in pairs if t >= 0]
 
 
 @pytest.mark.parametrize("slots", [2, 3, 5, 16, 33])
