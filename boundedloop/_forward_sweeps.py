@@ -197,9 +197,8 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
     """The forward sweep of a differentiated loop: `plain_sweep`, storing the
     checkpoints where `_store_rules.store_rule` says.
 
-    With a rule, a loop over store events, each a store followed by a tight loop of
-    steps up to the next event (or the loop's end, which makes no event), so that
-    no step pays for a store it does not make (a store
+    With a rule, a loop over store events, each followed by a tight loop of steps up
+    to the next one, so that no step pays for a store it does not make (a store
     writes every carry leaf: on a diffrax solver state, storing where due in a
     single loop made the checkpointed forward 1.2 times slower); without one (every
     step stored), one loop that stores each step.
