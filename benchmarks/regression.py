@@ -1,7 +1,9 @@
 """This tree against an earlier revision of boundedloop, side by side in one process:
 gradient time (round-robin, shuffled, medians) and body evaluations per gradient on
 the foundation workload (adaptive MLP, 8 steps taken), and gradient time on the
-buffer workload of `buffers.py` (one row of an (M, 256) buffer written per step).
+buffer workload of `buffers.py` (one row of an (M, 256) buffer written per step)
+and on the neural ODE of `diffrax_adjoint.py` with `CheckpointedAdjoint()` and
+`CheckpointedAdjoint(checkpoints=16)` (every step of its fill phase is a store).
 
     python benchmarks/regression.py REV [--rounds 30] [--out FILE]
 
@@ -10,6 +12,7 @@ another name, so both versions are compiled and timed in the same process.
 """
 
 import argparse
+import importlib
 import importlib.util
 import json
 import pathlib
@@ -97,6 +100,28 @@ def make_buffers(lib, rows, width=256, checkpoints=16):
     return jax.jit(jax.grad(loss, argnums=(0, 1)))
 
 
+DIFFRAX_CHECKPOINTS = (None, 16)
+
+
+def make_diffrax(lib, checkpoints):
+    """The gradient of `diffrax_adjoint.py`'s neural ODE through `lib`'s adjoint,
+    and its arguments."""
+    import diffrax_adjoint as workload
+    import equinox as eqx
+
+    adjoints = importlib.import_module(lib.__name__ + ".diffrax")
+    kw = {} if checkpoints is None else {"checkpoints": checkpoints}
+    adjoint = adjoints.CheckpointedAdjoint(**kw)
+    field = workload.make_field()
+    params, static = eqx.partition(field, eqx.is_inexact_array)
+    y0 = jnp.linspace(-1.0, 1.0, workload.STATE)
+
+    def loss(p):
+        return workload.loss(eqx.combine(p, static), y0, adjoint)
+
+    return jax.jit(jax.grad(loss)), (params,)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("rev")
@@ -111,7 +136,7 @@ def main():
         old = import_revision(args.rev, where)
         try:
             libs = {"this tree": bl, args.rev: old}
-            fns, evals = {}, {}
+            fns, fn_args, evals = {}, {}, {}
             for name, lib in libs.items():
                 for max_steps in (8, 4096):
                     forward = make(lib, max_steps, args.checkpoints)
@@ -129,14 +154,19 @@ def main():
                     evals[(name, max_steps)] = counter.count
                 for rows in BUFFER_ROWS:
                     fns[(name, rows, "buffers")] = make_buffers(lib, rows)
-                    jax.block_until_ready(fns[(name, rows, "buffers")](*buffer_args))
+                    fn_args[(name, rows, "buffers")] = buffer_args
+                for c in DIFFRAX_CHECKPOINTS:
+                    key = (name, c, "diffrax")
+                    fns[key], fn_args[key] = make_diffrax(lib, c)
+                for key in fns:
+                    jax.block_until_ready(fns[key](*fn_args.get(key, (weights, x))))
             samples = {k: [] for k in fns}
             order = list(fns)
             rng = random.Random(0)
             for _ in range(args.rounds):
                 rng.shuffle(order)
                 for k in order:
-                    args_k = buffer_args if k[2] == "buffers" else (weights, x)
+                    args_k = fn_args.get(k, (weights, x))
                     t0 = time.perf_counter()
                     jax.block_until_ready(fns[k](*args_k))
                     samples[k].append(time.perf_counter() - t0)
@@ -187,6 +217,23 @@ def main():
         print(
             f"| buffers (M rows) | {m} | {1e3 * new:.3f} | {1e3 * prev:.3f} | "
             f"{new / prev:.3f} | - |"
+        )
+    for c in DIFFRAX_CHECKPOINTS:
+        new = medians[("this tree", c, "diffrax")]
+        prev = medians[(args.rev, c, "diffrax")]
+        label = "CheckpointedAdjoint()" if c is None else f"CheckpointedAdjoint({c})"
+        rows.append(
+            dict(
+                gradient=f"diffrax neural, {label}",
+                max_steps=4096,
+                new_ms=1e3 * new,
+                old_ms=1e3 * prev,
+                ratio=new / prev,
+            )
+        )
+        print(
+            f"| diffrax neural, {label} | 4096 | {1e3 * new:.3f} | "
+            f"{1e3 * prev:.3f} | {new / prev:.3f} | - |"
         )
     if args.out:
         pathlib.Path(args.out).write_text(
