@@ -102,7 +102,9 @@ def main():
                     try:
                         runs[kind].append(measure(kind, c, m, a))
                     except Exception as e:  # noqa: BLE001
-                        errors[kind] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+                        errors[kind] = (
+                            f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+                        )
             for kind in runs:
                 row = {"kind": kind, "checkpoints": c, "max_steps": m}
                 if kind in errors:
