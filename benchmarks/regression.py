@@ -202,39 +202,28 @@ def main():
                 f"| {what} | {max_steps} | {1e3 * new:.3f} | {1e3 * prev:.3f} | "
                 f"{new / prev:.3f} | {e_new} / {e_old} |"
             )
-    for m in BUFFER_ROWS:
-        new = medians[("this tree", m, "buffers")]
-        prev = medians[(args.rev, m, "buffers")]
+
+    def add_row(label, key, max_steps, name):
+        new, prev = medians[("this tree", key, name)], medians[(args.rev, key, name)]
         rows.append(
             dict(
-                gradient="buffers",
-                max_steps=m,
+                gradient=label,
+                max_steps=max_steps,
                 new_ms=1e3 * new,
                 old_ms=1e3 * prev,
                 ratio=new / prev,
             )
         )
         print(
-            f"| buffers (M rows) | {m} | {1e3 * new:.3f} | {1e3 * prev:.3f} | "
+            f"| {label} | {max_steps} | {1e3 * new:.3f} | {1e3 * prev:.3f} | "
             f"{new / prev:.3f} | - |"
         )
+
+    for m in BUFFER_ROWS:
+        add_row("buffers (M rows)", m, m, "buffers")
     for c in DIFFRAX_CHECKPOINTS:
-        new = medians[("this tree", c, "diffrax")]
-        prev = medians[(args.rev, c, "diffrax")]
         label = "CheckpointedAdjoint()" if c is None else f"CheckpointedAdjoint({c})"
-        rows.append(
-            dict(
-                gradient=f"diffrax neural, {label}",
-                max_steps=4096,
-                new_ms=1e3 * new,
-                old_ms=1e3 * prev,
-                ratio=new / prev,
-            )
-        )
-        print(
-            f"| diffrax neural, {label} | 4096 | {1e3 * new:.3f} | "
-            f"{1e3 * prev:.3f} | {new / prev:.3f} | - |"
-        )
+        add_row(f"diffrax neural, {label}", c, 4096, "diffrax")
     if args.out:
         pathlib.Path(args.out).write_text(
             json.dumps({"rev": args.rev, "rounds": args.rounds, "rows": rows}, indent=1)
