@@ -97,6 +97,20 @@ class _LoopJVP:
         arrays = jtu.tree_unflatten(self.treedef, leaves)
         return vary_everywhere(eqx.combine(arrays, self.static))
 
+    def primal(self, leaves) -> list:
+        """The loop itself, as `checkpointed_loop` runs it: `plain_sweep`."""
+        return jtu.tree_leaves(plain_sweep(self._loop(leaves), self.config))
+
+    def tangent_inputs(self) -> tuple[int, ...]:
+        """Per tangent operand, the position of its primal among `leaves`."""
+        positions = jtu.tree_unflatten(self.treedef, range(len(self.leaves)))
+        loop = eqx.combine(positions, self.static)
+        return tuple(_pick(self.wanted, loop.differentiable()))
+
+    def tangent_outputs(self) -> tuple[int, ...]:
+        """Per output tangent, the position of its output."""
+        return tuple(k for k, p in enumerate(self.out_perturbed) if p)
+
     def one_pass(self, leaves, t_in) -> list:
         """The JVP of `plain_sweep`: one sweep, each step's primal and tangent
         together."""
@@ -185,11 +199,13 @@ def _loop_jvp(primals, tangents):
     # only perturbed leaves get tangents (see `_perturbation`)
     jvp = _LoopJVP(loop, config, wanted, perturbed)
     spec = Spec(
-        Passes(jvp.one_pass, jvp.two_pass, jvp.checkpointed),
+        Passes(jvp.one_pass, jvp.two_pass, jvp.checkpointed, jvp.primal),
         n_primals=len(jvp.leaves),
         n_outputs=jvp.out_def.num_leaves,
         out_avals=jvp.out_avals,
         effects=frozenset(loop.body.jaxpr.effects),
+        tangent_inputs=jvp.tangent_inputs(),
+        tangent_outputs=jvp.tangent_outputs(),
     )
     results = loop_jvp(jvp.leaves, t_in, spec)
     out = jtu.tree_unflatten(jvp.out_def, results[: jvp.out_def.num_leaves])

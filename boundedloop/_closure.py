@@ -17,6 +17,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.extend.core
+import jax.extend.source_info_util as source_info_util
 import jax.tree_util as jtu
 
 from ._shard_map import vary, vary_everywhere
@@ -46,11 +47,12 @@ class ClosureConverted(eqx.Module):
 
 
 def _replay(jaxpr, consts, args):
-    """`jax.core.eval_jaxpr`, except that the casts to varying which tracing put in
-    (`pvary`, inside `shard_map`) leave values that vary already as they are. The
-    loop passes closed-over arrays in already varying, once, outside its loops;
-    casting them inside would make their cotangents be summed across devices inside
-    the reverse loop, whose trip count differs between devices."""
+    """`jax.core.eval_jaxpr` (source locations and `jax.named_scope`s included),
+    except that the casts to varying which tracing put in (`pvary`, inside
+    `shard_map`) leave values that vary already as they are. The loop passes
+    closed-over arrays in already varying, once, outside its loops; casting them
+    inside would make their cotangents be summed across devices inside the reverse
+    loop, whose trip count differs between devices."""
     env = {}
 
     def read(v):
@@ -60,12 +62,19 @@ def _replay(jaxpr, consts, args):
     env.update(zip(jaxpr.invars, args))
     for eqn in jaxpr.eqns:
         invals = [read(v) for v in eqn.invars]
-        if eqn.primitive.name == "pvary":
-            out = [vary(x, eqn.params["axes"]) for x in invals]
-            out = out if eqn.primitive.multiple_results else out[0]
-        else:
-            params = eqn.primitive.get_bind_params(eqn.params)
-            out = eqn.primitive.bind(*invals, **params)
+        # as `eval_jaxpr` does: keep the equation's source location and name stack
+        # (`jax.named_scope` in the body), under the name stack of the replay
+        name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
+        context = source_info_util.user_context(
+            eqn.source_info.traceback, name_stack=name_stack
+        )
+        with context, eqn.ctx.manager:
+            if eqn.primitive.name == "pvary":
+                out = [vary(x, eqn.params["axes"]) for x in invals]
+                out = out if eqn.primitive.multiple_results else out[0]
+            else:
+                params = eqn.primitive.get_bind_params(eqn.params)
+                out = eqn.primitive.bind(*invals, **params)
         outs = out if eqn.primitive.multiple_results else [out]
         env.update(zip(eqn.outvars, outs))
     return [read(v) for v in jaxpr.outvars]

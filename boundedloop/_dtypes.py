@@ -20,6 +20,17 @@ import numpy as np
 from jax._src.lax import lax as lax_internal
 
 
+def is_extended(dtype) -> bool:
+    """Whether `dtype` is one of JAX's extended dtypes (e.g. a typed PRNG key's
+    `key<fry>`), which NumPy cannot interpret and which never promote."""
+    return jax.dtypes.issubdtype(dtype, jax.dtypes.extended)
+
+
+def dtype_name(dtype) -> str:
+    """`dtype`'s name, e.g. `float32` or `key<fry>`."""
+    return str(dtype) if is_extended(dtype) else np.dtype(dtype).name
+
+
 def is_weak(x) -> bool:
     return isinstance(x, bool | int | float | complex) or getattr(x, "weak_type", False)
 
@@ -49,9 +60,7 @@ def promote_weak_inputs(inputs: Sequence, outputs: Sequence) -> tuple[list, bool
         differs = (
             isinstance(out, jax.ShapeDtypeStruct)
             and jnp.shape(x) == out.shape
-            and (
-                jnp.dtype(out.dtype) != jnp.result_type(x) or is_weak(out) != is_weak(x)
-            )
+            and (out.dtype != jnp.result_type(x) or is_weak(out) != is_weak(x))
         )
         if is_weak(x) and differs:
             try:

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
+from ._dtypes import dtype_name
 from ._schedule import default_checkpoints, INT32_MAX
 
 
@@ -66,7 +67,7 @@ def check_checkpoints(checkpoints: Any, max_steps: int | None, name: str) -> int
 def _describe(leaf) -> str:
     if isinstance(leaf, jax.ShapeDtypeStruct | jax.Array | np.ndarray):
         weak = getattr(leaf, "weak_type", False)
-        return f"{jnp.dtype(leaf.dtype).name}{list(leaf.shape)}" + (
+        return f"{dtype_name(leaf.dtype)}{list(leaf.shape)}" + (
             " (weakly typed)" if weak else ""
         )
     return repr(leaf)

@@ -25,7 +25,7 @@ import jax
 import jax.extend.core
 import jax.numpy as jnp
 from jax._src import api_util, core as jax_core, linear_util as lu
-from jax._src.interpreters import partial_eval as pe
+from jax._src.interpreters import batching as batching_internal, partial_eval as pe
 from jax.interpreters import ad, batching, mlir
 
 
@@ -37,11 +37,16 @@ class Passes(NamedTuple):
     """The two implementations of the loop's JVP, each
     `(primals, tangents) -> outputs + output tangents` on flat lists; and, for the
     primitive as the loop binds it (not its JVP or batched forms), `two_pass` in
-    stages: `primals -> (outputs, tangents -> output tangents)`."""
+    stages: `primals -> (outputs, tangents -> output tangents)`.
+
+    `primal`, `primals -> outputs`, is the function the JVP is the JVP of (the
+    custom JVP's primal). Under `vmap` the outputs must be batched exactly as its
+    outputs are (see `_batch`); `None` where no custom JVP constrains them."""
 
     one_pass: Callable
     two_pass: Callable
     staged: Callable | None = None
+    primal: Callable | None = None
 
 
 class Spec(NamedTuple):
@@ -52,6 +57,10 @@ class Spec(NamedTuple):
     n_outputs: int  # results: `n_outputs` outputs, then tangents
     out_avals: tuple
     effects: frozenset
+    # per tangent operand, the primal it is the tangent of; per output tangent, the
+    # output it is the tangent of (`None`: not known, see `_batch`)
+    tangent_inputs: tuple[int, ...] | None = None
+    tangent_outputs: tuple[int, ...] | None = None
 
 
 def loop_jvp(primals: list, tangents: list, spec: Spec) -> list:
@@ -203,27 +212,105 @@ def _jvp(primals, tangents, *, spec):
     ]
 
 
-def _batch(args, dims, *, spec):
-    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+def _out_batched(axis_data, spec: Spec, args, axes) -> list[bool]:
+    """Which outputs are batched, given which operands are (`axes`, 0 or `None`).
+
+    The loop's JVP is bound by a custom JVP rule. When `vmap` batches the custom
+    JVP before it is differentiated (`grad(vmap(jit(f)))`: `jit`'s batching rule
+    batches its jaxpr, primal included), JAX fixes the primal outputs' batch axes
+    from the primal function and then requires the JVP's primal outputs, and the
+    tangents merged into them, to have the same ones. `lax.while_loop`'s batching
+    leaves a leaf unbatched where the body only passes it on, so "every output is
+    batched" is wrong there. So the primal outputs are batched as the primal's
+    are, found by batching its jaxpr; a tangent output as its primal output, unless
+    some tangent is batched where its primal is not (`jacfwd`: that batch axis
+    reaches every output tangent). Where no primal is known (the JVP of the JVP,
+    already differentiated), every output is batched if any primal operand is.
+    """
+    n_primals, n_outputs = spec.n_primals, spec.n_outputs
+    in_batched = [a is not None for a in axes]
+    primal = spec.passes.primal
+    if primal is None or spec.tangent_inputs is None:
+        return [any(in_batched[:n_primals])] * n_outputs + [True] * (
+            len(spec.out_avals) - n_outputs
+        )
+    if not any(in_batched[:n_primals]):
+        out_batched = [False] * n_outputs
+    else:
+        out_batched = _primal_batched(axis_data, primal, args[:n_primals], axes)
+    t_batched = in_batched[n_primals:]
+    tangent_only = any(
+        t and not in_batched[k] for t, k in zip(t_batched, spec.tangent_inputs)
+    )
+    t_out = [tangent_only or out_batched[k] for k in spec.tangent_outputs]
+    return list(out_batched) + t_out
+
+
+def _primal_batched(axis_data, primal, args, axes) -> list[bool]:
+    """Which of `primal`'s outputs `vmap` batches, found by batching its jaxpr."""
+    primal_avals = [
+        jax_core.typeof(a)
+        if ax is None
+        else jax_core.mapped_aval(axis_data.size, 0, jax_core.typeof(a))
+        for a, ax in zip(args, axes)
+    ]
+    jaxpr = _closed_jaxpr(lambda *a: primal(list(a)), primal_avals)
+    in_batched = [ax is not None for ax in axes[: len(args)]]
+    _, out_batched = batching_internal.batch_jaxpr(
+        jaxpr, axis_data, in_batched, instantiate=False
+    )
+    return list(out_batched)
+
+
+def _closed_jaxpr(fn, avals) -> jax_core.ClosedJaxpr:
+    debug = api_util.debug_info("boundedloop_loop_jvp", fn, tuple(avals), {})
+    jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(
+        lu.wrap_init(fn, debug_info=debug), avals
+    )
+    return jax_core.ClosedJaxpr(jaxpr, consts)
+
+
+def _batch(axis_data, args, dims, *, spec):
+    if all(d is None for d in dims):  # JAX calls this rule even then
+        return loop_jvp_p.bind(*args, spec=spec), [None] * len(spec.out_avals)
+    size = axis_data.size
     args = [
         a if d is None else batching.bdim_at_front(a, d, size)
         for a, d in zip(args, dims)
     ]
     axes = [None if d is None else 0 for d in dims]
-    # the outputs depend on the primals only, their tangents on everything
-    batched_primals = any(a == 0 for a in axes[: spec.n_primals])
-    n_tangents = len(spec.out_avals) - spec.n_outputs
-    out_axes = [0 if batched_primals else None] * spec.n_outputs + [0] * n_tangents
+    out_batched = _out_batched(axis_data, spec, args, axes)
+    out_axes = [0 if b else None for b in out_batched]
     in_axes = (axes[: spec.n_primals], axes[spec.n_primals :])
 
     def batched(fn):
-        return jax.vmap(fn, in_axes=in_axes, out_axes=out_axes)
+        # an output the passes batch where the primal does not is the same for
+        # every element: keep one (see `_out_batched`)
+        vmapped = jax.vmap(fn, in_axes=in_axes, out_axes=0)
+
+        def run(primals, tangents):
+            outs = vmapped(primals, tangents)
+            return [o if b else o[0] for o, b in zip(outs, out_batched)]
+
+        return run
 
     out_avals = tuple(
         a if ax is None else jax.extend.core.unmapped_aval(size, 0, a)
         for a, ax in zip(spec.out_avals, out_axes)
     )
-    passes = Passes(batched(spec.passes.one_pass), batched(spec.passes.two_pass))
+    primal = spec.passes.primal
+    batched_primal = None
+    if primal is not None and not any(a == 0 for a in in_axes[0]):
+        batched_primal = primal  # only tangents are batched (`jacfwd`)
+    elif primal is not None:
+        batched_primal = jax.vmap(
+            primal, in_axes=(in_axes[0],), out_axes=out_axes[: spec.n_outputs]
+        )
+    passes = Passes(
+        batched(spec.passes.one_pass),
+        batched(spec.passes.two_pass),
+        primal=batched_primal,
+    )
     batched_spec = spec._replace(passes=passes, out_avals=out_avals)
     return loop_jvp_p.bind(*args, spec=batched_spec), out_axes
 
@@ -232,6 +319,6 @@ loop_jvp_p.def_impl(_impl)
 loop_jvp_p.def_effectful_abstract_eval(_abstract_eval)
 mlir.register_lowering(loop_jvp_p, mlir.lower_fun(_impl, multiple_results=True))
 ad.primitive_jvps[loop_jvp_p] = _jvp
-batching.primitive_batchers[loop_jvp_p] = _batch
+batching_internal.fancy_primitive_batchers[loop_jvp_p] = _batch
 pe.custom_partial_eval_rules[loop_jvp_p] = _partial_eval
 pe.partial_eval_jaxpr_custom_rules[loop_jvp_p] = _partial_eval_custom

@@ -165,6 +165,9 @@ class Loop(LoopModule):
     def body(self, carry):
         return self.body_fun(carry)
 
+    def buffers(self, carry):
+        return None if self.buffers_fun is None else self.buffers_fun(carry)
+
     def run(self, init, *, max_steps, checkpoints=None):
         return while_loop(
             self.cond_fun,

@@ -14,6 +14,8 @@ import jax.tree_util as jtu
 from jax import lax
 from jaxtyping import Array, Int
 
+from ._dtypes import is_extended
+
 
 UNUSED = jnp.iinfo(jnp.int32).max  # position of a slot that holds nothing
 
@@ -34,7 +36,14 @@ def empty(carry, slots: int) -> Storage:
     """Storage for `slots` copies of `carry` (a pytree of arrays), each row sharded
     (on a mesh with explicit axes) as the carry is."""
     leaves, treedef = jtu.tree_flatten(carry)
-    scalars = [jnp.dtype(x.dtype).name if jnp.ndim(x) == 0 else None for x in leaves]
+    # extended dtypes (typed PRNG keys) are never packed: they cannot be stacked
+    # with others, and NumPy cannot name them
+    scalars = [
+        jnp.dtype(x.dtype).name
+        if jnp.ndim(x) == 0 and not is_extended(x.dtype)
+        else None
+        for x in leaves
+    ]
     # a dtype with one scalar keeps its own array: nothing to save by packing it
     names = [n if n is not None and scalars.count(n) > 1 else None for n in scalars]
     columns = [
@@ -72,7 +81,9 @@ def load(storage: Storage, slot):
 def _write(s, x, slot, when):
     if when is not True:
         x = jnp.where(when, x, lax.dynamic_index_in_dim(s, slot, keepdims=False))
-    return lax.dynamic_update_index_in_dim(s, x.astype(s.dtype), slot, 0)
+    if not is_extended(s.dtype):
+        x = x.astype(s.dtype)
+    return lax.dynamic_update_index_in_dim(s, x, slot, 0)
 
 
 def store(storage: Storage, slot, carry, when=True) -> Storage:

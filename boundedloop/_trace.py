@@ -34,7 +34,11 @@ def _returns_weak_scalars_cast(out, like):
     that loses nothing, as `lax` promotion would."""
 
     def cast(o, x):
-        if x is None or not is_carried_shape(o) or not is_weak(o):
+        # `x` is static where the body turned a static value into an array: the
+        # carry check names it
+        if not isinstance(x, jax.ShapeDtypeStruct):
+            return o
+        if not is_carried_shape(o) or not is_weak(o):
             return o
         if jnp.shape(o) != x.shape:
             return o
@@ -133,7 +137,7 @@ class Layout(eqx.Module):
         return tuple(jnp.zeros(r.shape, r.dtype) for r in self.read_shapes)
 
 
-def _generic_body(body_fun, layout: Layout, like, name: str):
+def _generic_body(body_fun, layout: Layout, like, name: str, gate=None):
     """The body on split arrays, with `Buffer` objects standing in for buffers."""
 
     def generic(step: StepIn) -> StepOut:
@@ -144,6 +148,7 @@ def _generic_body(body_fun, layout: Layout, like, name: str):
             step.active,
             None if written is None else written[0],
             layout.shared,
+            gate,
         )
         views = [Buffer(trace, k) for k in range(len(step.bufs))]
         out = body_fun(layout.rebuild(step.x, views))
@@ -172,8 +177,11 @@ def _generic_body(body_fun, layout: Layout, like, name: str):
     return generic
 
 
-def trace_loop(cond_fun, body_fun, init_val, buffers_fn, name: str) -> TracedLoop:
-    """Check and closure-convert `cond_fun` and `body_fun` against `init_val`."""
+def trace_loop(
+    cond_fun, body_fun, init_val, buffers_fn, name: str, gate=None
+) -> TracedLoop:
+    """Check and closure-convert `cond_fun` and `body_fun` against `init_val`;
+    `gate` (see `_buffers.lent_gate`) guards the writes to lent buffers."""
     dynamic, static = eqx.partition(init_val, is_carried)
     dynamic = jtu.tree_map(jnp.asarray, dynamic)  # Python numbers: weakly typed
     buffer_pos = (
@@ -187,7 +195,9 @@ def trace_loop(cond_fun, body_fun, init_val, buffers_fn, name: str) -> TracedLoo
     )
     if jtu.tree_structure(out) == jtu.tree_structure(init_val):
         # `lax.while_loop`'s rule for weakly typed initial values, then trace again
-        promoted, changed = promote_weak_inputs(x0, layout.split(_out_avals(out))[0])
+        promoted, changed = promote_weak_inputs(
+            x0, layout.split(_out_avals(out, init_val))[0]
+        )
         x0 = tuple(promoted)
         if changed:
             out, (access, shared) = _shape_and_static(
@@ -200,8 +210,9 @@ def trace_loop(cond_fun, body_fun, init_val, buffers_fn, name: str) -> TracedLoo
         ),
         static,
     )
-    weak_out = tuple(is_weak(o) for o in _out_avals(out))
+    weak_out = ()
     if jtu.tree_structure(out) == jtu.tree_structure(like):
+        weak_out = tuple(is_weak(o) for o in _out_avals(out, init_val))
         out = _returns_weak_scalars_cast(out, like)
     check_carry_match(like, out, name)
     layout = Layout(treedef, static, buffer_pos, *access, weak_out, shared)
@@ -210,7 +221,7 @@ def trace_loop(cond_fun, body_fun, init_val, buffers_fn, name: str) -> TracedLoo
         return cond_fun(layout.rebuild(x, bufs))
 
     check_predicate(eqx.filter_eval_shape(cond_dynamic, x0, bufs0), name)
-    generic = _generic_body(body_fun, layout, like, name)
+    generic = _generic_body(body_fun, layout, like, name, gate)
     true = jnp.array(True)
     # traced with lax's (weak) carry types, run on strongly typed arrays
     example = StepIn(tuple(x0), tuple(bufs0), layout.read_stand_ins(), true, None)
@@ -228,15 +239,18 @@ def trace_loop(cond_fun, body_fun, init_val, buffers_fn, name: str) -> TracedLoo
     )
 
 
-def _out_avals(out) -> list:
-    """The carried leaves of the body's (abstract) output, Python numbers as weakly
-    typed avals."""
-    leaves = jtu.tree_leaves(eqx.filter(out, is_carried_shape))
+def _out_avals(out, init) -> list:
+    """Per carried leaf of `init`, the body's (abstract) output `out` there: an aval
+    (Python numbers as weakly typed ones), or `None` where the body returned a
+    static value (the carry check names it). `out` has `init`'s tree structure."""
     return [
-        v
+        None
+        if not is_carried_shape(v)
+        else v
         if isinstance(v, jax.ShapeDtypeStruct)
         else jax.ShapeDtypeStruct((), jnp.result_type(v), weak_type=True)
-        for v in leaves
+        for x, v in zip(jtu.tree_leaves(init), jtu.tree_leaves(out))
+        if is_carried(x)
     ]
 
 

@@ -4,8 +4,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ._autodiff import checkpointed_loop, LoopConfig
-from ._buffers import lend_buffers, return_buffers
-from ._checks import check_stopped, max_steps_check_enabled
+from ._buffers import lend_buffers, lent_gate, return_buffers
+from ._checks import check_stopped, max_steps_check_enabled, tracing_a_loop
 from ._errors import check_checkpoints, check_max_steps
 from ._trace import trace_loop
 
@@ -122,7 +122,10 @@ def run_loop(
         )
     # an outer loop's buffers in the carry are buffers of this loop too
     init_val, buffers, lent = lend_buffers(init_val, buffers)
-    loop = trace_loop(cond_fun, body_fun, init_val, buffers, name)
+    with tracing_a_loop():  # checks traced in the body know they are in a loop
+        loop = trace_loop(
+            cond_fun, body_fun, init_val, buffers, name, gate=lent_gate(lent)
+        )
     # a scan always takes all its steps; an unbounded loop never runs out
     checked = max_steps_check_enabled() and not known_length and max_steps is not None
     if max_steps == 0:

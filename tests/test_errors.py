@@ -86,6 +86,25 @@ def test_body_changes_static_leaf():
         bl.while_loop(cond, lambda c: (c[0], c[1] + 1, "b"), init, max_steps=8)
 
 
+def test_body_turns_an_array_leaf_static_or_back():
+    init = (jnp.array(0), jnp.array(1.0), jnp.array(2.0))
+    with pytest.raises(
+        TypeError, match=r"carry\[1\] is float32\[\] but `body_fun` returns 'x' there"
+    ):
+        bl.while_loop(
+            lambda c: c[0] < 3, lambda c: (c[0] + 1, "x", c[2]), init, max_steps=5
+        )
+    with pytest.raises(
+        TypeError, match=r"carry\[1\] is 'x' but `body_fun` returns float32\[\]"
+    ):
+        bl.while_loop(
+            lambda c: c[0] < 3,
+            lambda c: (c[0] + 1, jnp.array(1.0), c[2]),
+            (init[0], "x", init[2]),
+            max_steps=5,
+        )
+
+
 def test_cond_not_scalar():
     with pytest.raises(TypeError, match="scalar boolean"):
         bl.while_loop(lambda c: c[0] < 3, body, INIT, max_steps=8)

@@ -166,6 +166,13 @@ def test_loop_wraps_partial_closure_and_bound_method():
     )
 
 
+def test_loop_buffers_method_calls_buffers():
+    carry = (jnp.zeros(4), X, 0)
+    loop = bl.Loop(lambda c: c[2] < 3, lambda c: c, buffers=lambda c: c[0])
+    assert loop.buffers(carry) is carry[0]
+    assert bl.Loop(lambda c: c[2] < 3, lambda c: c).buffers(carry) is None
+
+
 def test_loop_rejects_non_callables():
     with pytest.raises(TypeError, match="callable"):
         bl.Loop(lambda c: True, 3)

@@ -165,6 +165,26 @@ def test_loop_phases_are_named():
     assert "boundedloop_forward" in " ".join(_name_stacks(forward.jaxpr))
 
 
+def test_named_scopes_in_the_body_survive():
+    """`jax.named_scope` inside `body_fun` reaches the jaxpr's name stacks and the
+    lowered program's locations, forward and in the gradient, as in `lax`."""
+
+    def body(c):
+        with jax.named_scope("my_scope"):
+            x = jnp.sin(c[0]) * 2.0
+        return x, c[1] + 1
+
+    def f(x):
+        return bl.while_loop(lambda c: c[1] < 5, body, (x, 0), max_steps=10)[0].sum()
+
+    x = jnp.ones(3)
+    for g in [f, jax.grad(f)]:
+        names = " ".join(_name_stacks(jax.make_jaxpr(g)(x).jaxpr))
+        assert "my_scope" in names
+        # `as_text()` leaves locations out, for `lax.while_loop`'s body too
+        assert "my_scope" in jax.jit(g).lower(x).as_text(debug_info=True)
+
+
 def test_which_steps_count_as_cheap():
     """`_body_size.is_cheap`: few equations, or many on few elements each (a
     solver's scalar bookkeeping) are cheap; many on large arrays are not."""

@@ -402,3 +402,103 @@ def test_gradient_through_a_carry_of_many_scalars(checkpoints):
     for b in range(3):
         want = expected(ys[b], *args[1:])
         assert tree_allclose(jax.tree.map(lambda g: g[b], batched), want)
+
+
+def _keyed_carry(x, key, limit=10, s=0.5):
+    # two typed keys (scalars of one extended dtype) next to a float32 scalar
+    carry = (key, jax.random.key(7), x, jnp.float32(s), jnp.zeros(20))
+    return carry + (jnp.array(0), jnp.int32(limit))
+
+
+def _keyed_step(carry):
+    key, other, x, s, buf, i, limit = carry
+    key, sub = jax.random.split(key)
+    other, sub2 = jax.random.split(other)
+    x = x * (1.0 + 0.1 * jax.random.normal(sub, x.shape)) + s
+    s = s * jax.random.uniform(sub2, minval=0.5, maxval=1.0)
+    return key, other, x, s, buf.at[i].set(jnp.sum(x)), i + 1, limit
+
+
+def _keyed_cond(carry):
+    return carry[5] < carry[6]
+
+
+def _key_data(tree):
+    """`tree` with its typed PRNG keys as their raw `uint32` data, to compare."""
+    is_key = lambda v: jax.dtypes.issubdtype(v.dtype, jax.dtypes.extended)  # noqa: E731
+    return jax.tree.map(lambda v: jax.random.key_data(v) if is_key(v) else v, tree)
+
+
+BUFFERS = {"no buffers": None, "buffers": lambda c: c[4]}
+
+
+@pytest.mark.parametrize("buffers", BUFFERS.values(), ids=BUFFERS.keys())
+def test_typed_prng_keys_in_the_carry(buffers):
+    """New-style typed keys (`jax.random.key`) are carried as by `lax.while_loop`:
+    forward values bit for bit, under `vmap`, and gradients with respect to the
+    floating leaves equal to `lax.scan`'s with fewer checkpoints than steps (typed
+    keys are stored in their own arrays, never packed with other scalars); the keys
+    get no tangents."""
+    key = jax.random.key(0)
+
+    def ours(carry, checkpoints=3):
+        return bl.while_loop(
+            _keyed_cond,
+            _keyed_step,
+            carry,
+            max_steps=20,
+            checkpoints=checkpoints,
+            buffers=buffers,
+        )
+
+    expected = lax.while_loop(_keyed_cond, _keyed_step, _keyed_carry(X0, key))
+    out = ours(_keyed_carry(X0, key))
+    assert out[0].dtype == key.dtype and out[1].dtype == key.dtype
+    assert tree_equal(_key_data(out), _key_data(expected))
+
+    keys = jax.random.split(jax.random.key(1), 3)
+    xs, limits = jnp.stack([X0, -X0, 2 * X0]), jnp.array([3, 10, 7])
+    got = jax.vmap(lambda x, k, n: ours(_keyed_carry(x, k, n)))(xs, keys, limits)
+    theirs = lambda x, k, n: lax.while_loop(  # noqa: E731
+        _keyed_cond, _keyed_step, _keyed_carry(x, k, n)
+    )
+    assert tree_equal(_key_data(got), _key_data(jax.vmap(theirs)(xs, keys, limits)))
+
+    def loss(run):
+        def f(x, s, key):
+            out = run(_keyed_carry(x, key, s=s))
+            return jnp.sum(out[2] ** 2) + out[3] + jnp.sum(out[4] ** 2)
+
+        return jax.grad(f, (0, 1))
+
+    reference = loss(lambda c: scan_loop(_keyed_step, c, 10))
+    s = jnp.float32(0.5)
+    for checkpoints in [1, 3]:
+        got = jax.jit(loss(functools.partial(ours, checkpoints=checkpoints)))
+        assert tree_allclose(got(X0, s, key), reference(X0, s, key))
+    batched = jax.vmap(loss(ours), in_axes=(0, None, 0))(xs, s, keys)
+    for b in range(3):
+        want = reference(xs[b], s, keys[b])
+        assert tree_allclose(jax.tree.map(lambda g: g[b], batched), want)
+
+    _, tangents = jax.jvp(lambda x: ours(_keyed_carry(x, key)), (X0,), (jnp.ones(3),))
+    assert tangents[0].dtype == tangents[1].dtype == jax.dtypes.float0
+    assert tangents[2].dtype == jnp.float32
+
+
+def test_typed_keys_are_stored_unpacked():
+    """Checkpoint storage keeps each typed key leaf in its own stacked array (an
+    extended dtype cannot be packed with others) and loads it back exactly."""
+    from boundedloop import _tape
+
+    keys = jax.random.split(jax.random.key(3), 2)
+    carry = (keys[0], jnp.float32(0.5), keys[1], jnp.float32(2.0), keys)
+    storage = _tape.empty(carry, 4)
+    assert sorted(storage.packed) == ["float32"]
+    assert [a is None for a in storage.arrays] == [False, True, False, True, False]
+    assert storage.arrays[0].dtype == keys.dtype and storage.arrays[4].shape == (4, 2)
+    stored = _tape.store(storage, 1, carry)
+    assert tree_equal(_key_data(_tape.load(stored, 1)), _key_data(carry))
+    other = (keys[1], jnp.float32(0), keys[0], jnp.float32(1), keys[::-1])
+    kept = _tape.store(stored, 1, other, when=jnp.array(False))
+    assert tree_equal(_key_data(_tape.load(kept, 1)), _key_data(carry))
