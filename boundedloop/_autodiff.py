@@ -25,16 +25,18 @@ import dataclasses
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import jax.tree_util as jtu
+import numpy as np
 
 from ._checks import check_stopped
 from ._forward_sweeps import checkpointed_sweep, plain_sweep
-from ._loop_jvp import loop_jvp, Passes, Spec
+from ._loop_jvp import linearizable, loop_jvp, Passes, Spec
 from ._perturbation import has_tangent, Perturbed, perturbed_leaves
 from ._reverse_sweep import reverse_sweep
 from ._shard_map import vary_everywhere
 from ._step import ReversibleStep
-from ._tangent import forward_only, loop_tangent, replay_tangent
+from ._tangent import loop_tangent, replay_tangent
 from ._trace import Layout, TracedLoop
 
 
@@ -64,17 +66,87 @@ def _pick(mask, tree):
 
 
 class _Residuals:
-    """The arrays the loop's tangent depends on nonlinearly: the body, the initial
-    carry and the tape, flattened for the primitive and rebuilt inside its rules."""
+    """The arrays the loop's tangent depends on nonlinearly: the body, the predicate,
+    the initial carry and the tape, flattened for the primitive and rebuilt inside
+    its rules."""
 
     def __init__(self, loop: TracedLoop, tape):
-        arrays, self.static = eqx.partition((loop.body, loop.init, tape), eqx.is_array)
+        tree = (loop.body, loop.cond, loop.init, tape)
+        arrays, self.static = eqx.partition(tree, eqx.is_array)
         self.leaves, self.treedef = jtu.tree_flatten(arrays)
 
     def unpack(self, leaves):
-        """`(body, init, tape)` from the primitive's residual operands."""
+        """`(body, cond, init, tape)` from the primitive's residual operands."""
         arrays = jtu.tree_unflatten(self.treedef, leaves)
         return vary_everywhere(eqx.combine(arrays, self.static))
+
+    def flatten(self, tree) -> list:
+        """A tree shaped like `unpack`'s result (arrays where it has arrays), as a
+        list aligned with the operands."""
+        arrays = eqx.filter(tree, eqx.is_array)
+        return self.treedef.flatten_up_to(arrays)
+
+
+def _inexact_array(x) -> bool:
+    return eqx.is_array(x) and jnp.issubdtype(x.dtype, jnp.inexact)
+
+
+def _zero_ct(x):
+    """A zero cotangent for `x` (`float0` for integers)."""
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        return jnp.zeros_like(x)
+    return np.zeros(x.shape, jax.dtypes.float0)
+
+
+def _rerun(loop: TracedLoop, config: LoopConfig):
+    """The loop's outputs as a function of its inexact differentiable leaves, through
+    `checkpointed_loop`, so that any transform of it takes the loop's own rules.
+
+    **Returns:**
+
+    `(varying, combine, run)`: those leaves (a tree shaped like
+    `loop.differentiable()`, `None` elsewhere), `combine(tree)` filling such a tree's
+    `None`s with zeros, and `run(varying) -> flat outputs`.
+    """
+    varying, fixed = eqx.partition(loop.differentiable(), _inexact_array)
+    unchecked = dataclasses.replace(config, stop_check=None)
+
+    def run(varying):
+        body, init, bufs = eqx.combine(varying, fixed)
+        plain = TracedLoop(body, loop.cond, None, init, bufs, loop.layout)
+        return jtu.tree_leaves(checkpointed_loop(plain, unchecked))
+
+    def combine(tree):
+        zeros = jtu.tree_map(_zero_ct, fixed)
+        return eqx.combine(tree, zeros)
+
+    return varying, combine, run
+
+
+def _gradient_and_hvp(loop, config, cts, direction=None):
+    """Forward over reverse: `(J v, g, H v)` for the loop's outputs `F` at its
+    inexact differentiable leaves `p`, `g = J^T cts` and `H = d(J^T cts)/dp`, in the
+    direction `v` (a tree shaped like `loop.differentiable()`, `None` for zero).
+
+    This is how an outer reverse pass transposes the loop's gradient: the gradient's
+    linearization is a block of the Hessian of `cts . F`, which is symmetric (see
+    `_LoopJVP.vjp_with_hvp`)."""
+    varying, combine, run = _rerun(loop, config)
+
+    def gradient(varying):
+        out, pullback = jax.vjp(run, varying)
+        return out, pullback(list(cts))[0]
+
+    if direction is None:
+        return None, combine(gradient(varying)[1]), None
+    v = jtu.tree_map(
+        lambda p, t: None if p is None else (jnp.zeros_like(p) if t is None else t),
+        varying,
+        direction,
+        is_leaf=lambda p: p is None,
+    )
+    (_, g), (j_v, h_v) = jax.jvp(gradient, (varying,), (v,))
+    return j_v, combine(g), combine(h_v)
 
 
 class _LoopJVP:
@@ -86,6 +158,7 @@ class _LoopJVP:
         arrays, self.static = eqx.partition(loop, eqx.is_array)
         self.leaves, self.treedef = jtu.tree_flatten(arrays)
         self.config, self.wanted = config, wanted
+        self.effects = frozenset(loop.body.jaxpr.effects)
         self.out_perturbed = list(perturbed.x + perturbed.bufs)
         self.perturbed = perturbed
         outs = jtu.tree_leaves((loop.init, loop.bufs))
@@ -141,28 +214,129 @@ class _LoopJVP:
         out, tangent = self.checkpointed(leaves)
         return out + tangent(t_in)
 
+    def taped_sweep(self, leaves):
+        """`checkpointed_sweep`, behind a JVP that an outer reverse pass can
+        transpose: linearized, its output tangent is a `loop_tangent` whose transpose
+        is the reverse sweep over this very tape (the tape's own tangent is never
+        transposed: see `vjp_with_hvp`)."""
+        box = {}
+        config, layout = self.config, self.config.layout
+
+        def sweep(leaves):
+            result = checkpointed_sweep(self._loop(leaves), config)
+            flat, box["def"] = jtu.tree_flatten(result)
+            return flat
+
+        def two_pass(primals, where, tangents):
+            outs = sweep(primals)
+            n = len(primals)
+            avals = [jax.typeof(o) for o in outs]
+            inexact = [jnp.issubdtype(a.dtype, jnp.inexact) for a in avals]
+            wanted = self._wanted_at(where)
+            perturbed = self._perturbed_by(self._loop(primals), wanted)
+
+            def jvp_fn(res, ts):
+                def at(moving):
+                    args = list(res[:n])
+                    for k, m in zip(where, moving):
+                        args[k] = m
+                    return sweep(args)
+
+                moving = [res[k] for k in where]
+                t_out = jax.jvp(at, (moving,), (list(ts),))[1]
+                return [t for t, f in zip(t_out, inexact) if f]
+
+            def vjp_fn(res, cts):
+                loop = self._loop(res[:n])
+                (x, bufs), tape = jtu.tree_unflatten(box["def"], res[n:])
+                it = iter(cts)
+                full = [next(it) if f else None for f in inexact]
+                (ct_x, ct_bufs), ct_tape = jtu.tree_unflatten(box["def"], full)
+                # the tape's final buffers are the loop's: their cotangents add
+                ct_bufs = [_add(a, b) for a, b in zip(ct_bufs, ct_tape.bufs)]
+                ct_x = tuple(c if p else None for c, p in zip(ct_x, perturbed.x))
+                ct_bufs = tuple(
+                    c if p else None for c, p in zip(ct_bufs, perturbed.bufs)
+                )
+                step = ReversibleStep(loop.body, layout, wanted[0], perturbed)
+                ct_in = reverse_sweep(step, tape, ct_x, ct_bufs, config)
+                return self._at_leaves(res[:n], wanted, ct_in, where)
+
+            t_out = loop_tangent(
+                list(primals) + list(outs),
+                list(tangents),
+                jvp_fn=jvp_fn,
+                vjp_fn=vjp_fn,
+                out_avals=tuple(
+                    a.to_tangent_aval() for a, f in zip(avals, inexact) if f
+                ),
+                loop_effects=self.effects,
+            )
+            return list(outs) + list(t_out)
+
+        flat = linearizable(sweep, two_pass, self.effects)(*leaves)
+        return jtu.tree_unflatten(box["def"], flat)
+
+    def _wanted_at(self, where):
+        """Bools shaped like `(body, init, bufs)`: which of them are among the
+        `leaves` at positions `where`."""
+        positions = jtu.tree_unflatten(self.treedef, range(len(self.leaves)))
+        loop = eqx.combine(positions, self.static)
+        chosen = set(where)
+        return jtu.tree_map(lambda k: k in chosen, loop.differentiable())
+
+    def _perturbed_by(self, loop: TracedLoop, wanted) -> Perturbed:
+        w_body, w_init, w_bufs = wanted
+        return perturbed_leaves(
+            loop.body,
+            jtu.tree_leaves(w_body),
+            Perturbed(tuple(jtu.tree_leaves(w_init)), tuple(jtu.tree_leaves(w_bufs))),
+            self.config.layout,
+        )
+
+    def _at_leaves(self, leaves, wanted, ct_in, where) -> list:
+        """Cotangents `ct_in` (shaped like `(body, init, bufs)`, `None` for zero) of
+        the `wanted` leaves, as a list aligned with `where` (zeros elsewhere)."""
+        positions = jtu.tree_unflatten(self.treedef, range(len(self.leaves)))
+        loop = eqx.combine(positions, self.static)
+        by_position = {
+            k: c
+            for k, c in zip(_pick(wanted, loop.differentiable()), _pick(wanted, ct_in))
+        }
+        return [
+            _zero_ct(leaves[k]) if by_position.get(k) is None else by_position[k]
+            for k in where
+        ]
+
     def checkpointed(self, leaves):
         """`two_pass` in two stages: `checkpointed_sweep` now, returning the outputs
         and the tangent stage, `t_in -> t_out`, which reads only its tape."""
         loop, config, wanted = self._loop(leaves), self.config, self.wanted
-        out, tape = checkpointed_sweep(loop, config)
+        out, tape = self.taped_sweep(leaves)
         residuals = _Residuals(loop, tape)
         out_perturbed, out_def = self.out_perturbed, self.out_def
 
         def jvp_fn(res_leaves, t_in):
-            body, x, tape = residuals.unpack(res_leaves)
+            body, _, x, tape = residuals.unpack(res_leaves)
             t_out = replay_tangent((body, x, tape), wanted, t_in, config.layout)
             return [t for t, f in zip(jtu.tree_leaves(t_out), out_perturbed) if f]
 
-        def vjp_fn(res_leaves, cts):
-            body, _, tape = residuals.unpack(res_leaves)
+        def reverse(operands):
+            res_leaves, cts = (
+                operands[: len(residuals.leaves)],
+                operands[len(residuals.leaves) :],
+            )
+            body, _, _, tape = residuals.unpack(res_leaves)
             cts = iter(cts)
             ct_x, ct_bufs = jtu.tree_unflatten(
                 out_def, [next(cts) if f else None for f in out_perturbed]
             )
             step = ReversibleStep(body, config.layout, wanted[0], self.perturbed)
             ct_in = reverse_sweep(step, tape, ct_x, ct_bufs, config)
-            return _pick(wanted, forward_only(ct_in))
+            return _pick(wanted, ct_in)
+
+        def vjp_fn(res_leaves, cts):
+            return self.vjp_with_hvp(residuals, reverse)(*res_leaves, *cts)
 
         def tangent(t_in):
             t_out = loop_tangent(
@@ -176,6 +350,118 @@ class _LoopJVP:
             return list(t_out)
 
         return jtu.tree_leaves(out), tangent
+
+    def vjp_with_hvp(self, residuals: _Residuals, reverse):
+        """The reverse sweep `reverse(residuals + cts) -> cts_in`, behind a JVP that
+        an outer reverse pass can transpose (grad of grad).
+
+        The gradient `g(p, c) = J(p)^T c` linearizes to `dg = H dp + J^T dc`, where
+        `H`, the second derivative of `c . F(p)`, is symmetric. So the transpose
+        maps a cotangent `w` of `g` to `H w` for `p` and `J w` for `c`: one
+        forward-over-reverse product (`_gradient_and_hvp`). No loop is reversed
+        twice. The tape, part of the residuals, is a cache of `p`: its tangent is
+        used when the JVP is evaluated (`jax.hessian`) and given no cotangent, since
+        `H w` already accounts for it; the final buffers it holds get the
+        cotangent the initial buffers have (the two are equal wherever a
+        cotangent reaches them)."""
+        n_res = len(residuals.leaves)
+        config, wanted = self.config, self.wanted
+        out_perturbed = self.out_perturbed
+
+        def two_pass(primals, where, tangents):
+            outs = reverse(list(primals))
+
+            def jvp_fn(res, ts):
+                def at(moving):
+                    args = list(res)
+                    for k, m in zip(where, moving):
+                        args[k] = m
+                    return reverse(args)
+
+                return list(jax.jvp(at, ([res[k] for k in where],), (list(ts),))[1])
+
+            def vjp_fn(res, w):
+                body, cond, init, tape = residuals.unpack(res[:n_res])
+                loop = TracedLoop(body, cond, None, init, tape.bufs, config.layout)
+                cts = iter(res[n_res:])
+                out_leaves = jtu.tree_leaves((loop.init, loop.bufs))
+                cts = [
+                    next(cts) if f else _zero_ct(o)
+                    for o, f in zip(out_leaves, out_perturbed)
+                ]
+                direction = jtu.tree_unflatten(
+                    jtu.tree_structure(wanted), _spread(wanted, list(w))
+                )
+                j_w, _, h_w = _gradient_and_hvp(loop, config, cts, direction)
+                h_body, h_init, h_bufs = h_w
+                zeros = jtu.tree_map(_zero_ct, (body, cond, init, tape))
+                res_ct = (
+                    h_body,
+                    zeros[1],
+                    h_init,
+                    zeros[3]._replace(bufs=tuple(h_bufs)),
+                )
+                ct_res = residuals.flatten(res_ct)
+                ct_cts = [j for j, f in zip(j_w, out_perturbed) if f]
+                full = ct_res + ct_cts
+                return [full[k] for k in where]
+
+            out_avals = tuple(jax.typeof(o).to_tangent_aval() for o in outs)
+            t_out = loop_tangent(
+                list(primals),
+                list(tangents),
+                jvp_fn=jvp_fn,
+                vjp_fn=vjp_fn,
+                out_avals=out_avals,
+                loop_effects=self.effects,
+            )
+            return list(outs) + list(t_out)
+
+        return linearizable(reverse, two_pass, self.effects)
+
+    def reverse_of_jvp(self, leaves, t_in, cts):
+        """The transpose of the linearized JVP (reverse over forward, `grad` of
+        `jvp`): for output cotangents `u` and tangent cotangents `v`, the primals
+        get `J^T u + H_v t` and the tangents `J^T v`, where `H_v`, the second
+        derivative of `v . F`, is symmetric, so `H_v t` is a forward-over-reverse
+        product in the direction of the tangents `t`."""
+        loop = self._loop(leaves)
+        n_out = self.out_def.num_leaves
+        outs = jtu.tree_leaves((loop.init, loop.bufs))
+        u = [_zero_ct(o) if c is None else c for o, c in zip(outs, cts[:n_out])]
+        it = iter(cts[n_out:])
+        v = [next(it) if f else _zero_ct(o) for o, f in zip(outs, self.out_perturbed)]
+        direction = jtu.tree_unflatten(
+            jtu.tree_structure(self.wanted), _spread(self.wanted, list(t_in))
+        )
+        _, g_u, _ = _gradient_and_hvp(loop, self.config, u, None)
+        _, g_v, h_v = _gradient_and_hvp(loop, self.config, v, direction)
+        ct_tree = jtu.tree_map(_add, g_u, h_v)
+        n = len(leaves)
+        ct_p = self._at_leaves(leaves, _everywhere(ct_tree), ct_tree, range(n))
+        ct_t = _pick(self.wanted, g_v)
+        return ct_p, ct_t
+
+
+def _add(a, b):
+    if a is None:
+        return b
+    if b is None:
+        return a
+    if a.dtype == jax.dtypes.float0:
+        return a
+    return a + b
+
+
+def _everywhere(tree):
+    return jtu.tree_map(lambda _: True, tree)
+
+
+def _spread(wanted, values: list) -> list:
+    """`values` for the `wanted` leaves, `None` for the others, in `wanted`'s
+    leaf order."""
+    it = iter(values)
+    return [next(it) if w else None for w in jtu.tree_leaves(wanted)]
 
 
 @checkpointed_loop.def_jvp
@@ -199,7 +485,13 @@ def _loop_jvp(primals, tangents):
     # only perturbed leaves get tangents (see `_perturbation`)
     jvp = _LoopJVP(loop, config, wanted, perturbed)
     spec = Spec(
-        Passes(jvp.one_pass, jvp.two_pass, jvp.checkpointed, jvp.primal),
+        Passes(
+            jvp.one_pass,
+            jvp.two_pass,
+            jvp.checkpointed,
+            jvp.primal,
+            jvp.reverse_of_jvp,
+        ),
         n_primals=len(jvp.leaves),
         n_outputs=jvp.out_def.num_leaves,
         out_avals=jvp.out_avals,

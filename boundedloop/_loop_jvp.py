@@ -24,9 +24,14 @@ from typing import NamedTuple
 import jax
 import jax.extend.core
 import jax.numpy as jnp
+import numpy as np
 from jax._src import api_util, core as jax_core, linear_util as lu
 from jax._src.interpreters import batching as batching_internal, partial_eval as pe
+from jax.custom_derivatives import SymbolicZero
+from jax.dtypes import float0
 from jax.interpreters import ad, batching, mlir
+
+from ._tangent import loop_tangent
 
 
 loop_jvp_p = jax.extend.core.Primitive("boundedloop_loop_jvp")
@@ -47,6 +52,9 @@ class Passes(NamedTuple):
     two_pass: Callable
     staged: Callable | None = None
     primal: Callable | None = None
+    # `(primals, tangents, cts) -> (primal cts, tangent cts)`: the transpose of this
+    # JVP's own linearization (reverse over forward); `None`: not transposable
+    reverse_of_jvp: Callable | None = None
 
 
 class Spec(NamedTuple):
@@ -184,6 +192,117 @@ def _lift(fn, spec: Spec, nonzero):
     return lifted
 
 
+def _transposable_lift(lifted_one_pass, spec: Spec, nonzero):
+    """The JVP of the loop's JVP, linearized (reverse over forward): the loop's JVP
+    now, and its tangent as a linear `loop_tangent` whose transpose is
+    `spec.passes.reverse_of_jvp` (a forward-over-reverse product; the loops in
+    `lifted_one_pass` cannot be transposed)."""
+    where = [k for k, nz in enumerate(nonzero) if nz]
+    n_args = len(nonzero)
+    n_out = len(spec.out_avals)
+    inexact = [_inexact(a) for a in spec.out_avals]
+    t_avals = tuple(a.to_tangent_aval() for a, f in zip(spec.out_avals, inexact) if f)
+
+    def two_pass(primals, tangents):
+        outs = spec.passes.one_pass(
+            list(primals[: spec.n_primals]), list(primals[spec.n_primals :])
+        )
+
+        def jvp_fn(res, lin):
+            return lifted_one_pass(res, lin)[n_out:]
+
+        def vjp_fn(res, cts):
+            it = iter(cts)
+            full = [
+                next(it) if f else _zeros(a) for a, f in zip(spec.out_avals, inexact)
+            ]
+            ct_p, ct_t = spec.passes.reverse_of_jvp(
+                list(res[: spec.n_primals]), list(res[spec.n_primals :]), full
+            )
+            ct_all = list(ct_p) + list(ct_t)
+            assert len(ct_all) == n_args
+            return [ct_all[k] for k in where]
+
+        t_out = loop_tangent(
+            list(primals),
+            list(tangents),
+            jvp_fn=jvp_fn,
+            vjp_fn=vjp_fn,
+            out_avals=t_avals,
+            loop_effects=spec.effects,
+        )
+        return list(outs) + list(t_out)
+
+    return two_pass
+
+
+def _zeros(aval):
+    """A zero cotangent for a value of type `aval` (`float0` for integers)."""
+    t = aval.to_tangent_aval()
+    return (
+        np.zeros(t.shape, t.dtype) if t.dtype == float0 else jnp.zeros(t.shape, t.dtype)
+    )
+
+
+def linearizable(fn: Callable, two_pass: Callable, effects: frozenset) -> Callable:
+    """`fn` (a flat list of arrays to a flat list of arrays) behind a custom JVP that
+    JAX evaluates in one pass (`jax.jvp` of `fn`) and linearizes in two:
+    `two_pass(primals, where, tangents)`, `where` the positions of the perturbed
+    primals, returns the outputs and the tangents of the inexact ones, the tangents
+    typically a `loop_tangent` whose transpose is written by hand. This is how the
+    loop's own sweeps stay differentiable when an outer reverse pass differentiates
+    a gradient (see `_autodiff`)."""
+
+    @jax.custom_jvp
+    def wrapped(*leaves):
+        return fn(list(leaves))
+
+    def jvp_rule(primals, tangents):
+        primals = list(primals)
+        where = [
+            k
+            for k, (p, t) in enumerate(zip(primals, tangents))
+            if type(t) is not SymbolicZero and _inexact(jax.typeof(p))
+        ]
+        out_avals = [
+            jax.typeof(o) for o in jax.eval_shape(lambda *a: fn(list(a)), *primals)
+        ]
+        inexact = [_inexact(a) for a in out_avals]
+        if not where:
+            outs = wrapped(*primals)
+            return outs, [SymbolicZero(a.to_tangent_aval()) for a in out_avals]
+
+        def one_pass(ps, ts):
+            def at(moving):
+                args = list(ps)
+                for k, m in zip(where, moving):
+                    args[k] = m
+                return fn(args)
+
+            out, t_out = jax.jvp(at, ([ps[k] for k in where],), (list(ts),))
+            return list(out) + [t for t, f in zip(t_out, inexact) if f]
+
+        spec = Spec(
+            Passes(one_pass, lambda ps, ts: two_pass(ps, where, ts), primal=fn),
+            n_primals=len(primals),
+            n_outputs=len(out_avals),
+            out_avals=tuple(out_avals)
+            + tuple(a.to_tangent_aval() for a, f in zip(out_avals, inexact) if f),
+            effects=effects,
+            tangent_inputs=tuple(where),
+            tangent_outputs=tuple(k for k, f in enumerate(inexact) if f),
+        )
+        results = loop_jvp(primals, [tangents[k] for k in where], spec)
+        outs, t_out = results[: len(out_avals)], iter(results[len(out_avals) :])
+        return outs, [
+            next(t_out) if f else SymbolicZero(a.to_tangent_aval())
+            for a, f in zip(out_avals, inexact)
+        ]
+
+    wrapped.defjvp(jvp_rule, symbolic_zeros=True)
+    return wrapped
+
+
 def _jvp(primals, tangents, *, spec):
     nonzero = [type(t) is not ad.Zero for t in tangents]
     inexact = [_inexact(a) for a in spec.out_avals]
@@ -192,10 +311,13 @@ def _jvp(primals, tangents, *, spec):
         out = loop_jvp_p.bind(*primals, spec=spec)
         return out, [ad.Zero(a.to_tangent_aval()) for a in spec.out_avals]
     passes = spec.passes
+    one_pass = _lift(passes.one_pass, spec, nonzero)
+    if passes.reverse_of_jvp is None:
+        two_pass = _lift(passes.two_pass, spec, nonzero)
+    else:
+        two_pass = _transposable_lift(one_pass, spec, nonzero)
     lifted = Spec(
-        Passes(
-            _lift(passes.one_pass, spec, nonzero), _lift(passes.two_pass, spec, nonzero)
-        ),
+        Passes(one_pass, two_pass),
         n_primals=len(primals),
         n_outputs=n_out,
         out_avals=spec.out_avals
@@ -270,6 +392,37 @@ def _closed_jaxpr(fn, avals) -> jax_core.ClosedJaxpr:
     return jax_core.ClosedJaxpr(jaxpr, consts)
 
 
+def _batched_reverse_of_jvp(reverse_of_jvp, in_axes, out_axes, size):
+    """`reverse_of_jvp` per batch element; an operand without a batch axis gets the
+    sum of the elements' cotangents. An output without a batch axis is computed
+    once, from unbatched operands alone, so each element pulls back `1/size` of its
+    cotangent (the same for every element) and the sum is the whole."""
+    per_element = jax.vmap(
+        reverse_of_jvp, in_axes=(in_axes[0], in_axes[1], out_axes), out_axes=0
+    )
+
+    def batched(primals, tangents, cts):
+        cts = [
+            c / size if a is None and c.dtype != float0 else c
+            for c, a in zip(cts, out_axes)
+        ]
+        ct_p, ct_t = per_element(primals, tangents, cts)
+        return (
+            [_sum_if_unbatched(c, a) for c, a in zip(ct_p, in_axes[0])],
+            [_sum_if_unbatched(c, a) for c, a in zip(ct_t, in_axes[1])],
+        )
+
+    return batched
+
+
+def _sum_if_unbatched(ct, axis):
+    if axis == 0:
+        return ct
+    if ct.dtype == float0:
+        return np.zeros(ct.shape[1:], float0)
+    return jnp.sum(ct, axis=0)
+
+
 def _batch(axis_data, args, dims, *, spec):
     if all(d is None for d in dims):  # JAX calls this rule even then
         return loop_jvp_p.bind(*args, spec=spec), [None] * len(spec.out_avals)
@@ -306,10 +459,16 @@ def _batch(axis_data, args, dims, *, spec):
         batched_primal = jax.vmap(
             primal, in_axes=(in_axes[0],), out_axes=out_axes[: spec.n_outputs]
         )
+    batched_reverse = None
+    if spec.passes.reverse_of_jvp is not None:
+        batched_reverse = _batched_reverse_of_jvp(
+            spec.passes.reverse_of_jvp, in_axes, out_axes, size
+        )
     passes = Passes(
         batched(spec.passes.one_pass),
         batched(spec.passes.two_pass),
         primal=batched_primal,
+        reverse_of_jvp=batched_reverse,
     )
     batched_spec = spec._replace(passes=passes, out_avals=out_avals)
     return loop_jvp_p.bind(*args, spec=batched_spec), out_axes
