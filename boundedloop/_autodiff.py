@@ -258,9 +258,21 @@ class _LoopJVP:
                 ct_bufs = tuple(
                     c if p else None for c, p in zip(ct_bufs, perturbed.bufs)
                 )
+                return reverse(loop, tape, ct_x, ct_bufs)
+
+            def first_order_reverse(loop, tape, ct_x, ct_bufs):
                 step = ReversibleStep(loop.body, layout, wanted[0], perturbed)
                 ct_in = reverse_sweep(step, tape, ct_x, ct_bufs, config)
-                return self._at_leaves(res[:n], wanted, ct_in, where)
+                return self._at_leaves(res_primals, wanted, ct_in, where)
+
+            res_primals = primals
+
+            def reverse(loop, tape, ct_x, ct_bufs):
+                # forward mode through it works; a third reverse pass raises
+                operands, rebuild = _flat((loop, tape, ct_x, ct_bufs))
+                return linearizable(
+                    lambda ops: first_order_reverse(*rebuild(ops)), None, self.effects
+                )(*operands)
 
             t_out = loop_tangent(
                 list(primals) + list(outs),
@@ -338,18 +350,44 @@ class _LoopJVP:
         def vjp_fn(res_leaves, cts):
             return self.vjp_with_hvp(residuals, reverse)(*res_leaves, *cts)
 
+        def hvp_fn(res_leaves, t_in, cts):
+            return self.residual_hvp(residuals, res_leaves, cts, t_in)[1]
+
         def tangent(t_in):
             t_out = loop_tangent(
                 residuals.leaves,
                 t_in,
                 jvp_fn=jvp_fn,
                 vjp_fn=vjp_fn,
+                hvp_fn=hvp_fn,
                 out_avals=self.out_avals[len(jtu.tree_leaves(out)) :],
                 loop_effects=frozenset(loop.body.jaxpr.effects),
             )
             return list(t_out)
 
         return jtu.tree_leaves(out), tangent
+
+    def residual_hvp(self, residuals: _Residuals, res_leaves, cts, direction):
+        """For the loop's outputs `F` at the residuals' `p`, output cotangents `cts`
+        (those of the perturbed outputs) and a tangent `direction` of the wanted
+        leaves: `J v` (per output) and `H v`, where `H` is the second derivative of
+        `cts . F`, as cotangents of the residual operands (the tape's final buffers
+        standing for the initial ones, the rest of the tape getting none)."""
+        body, cond, init, tape = residuals.unpack(res_leaves)
+        loop = TracedLoop(body, cond, None, init, tape.bufs, self.config.layout)
+        it = iter(cts)
+        out_leaves = jtu.tree_leaves((loop.init, loop.bufs))
+        cts = [
+            next(it) if f else _zero_ct(o)
+            for o, f in zip(out_leaves, self.out_perturbed)
+        ]
+        v = jtu.tree_unflatten(
+            jtu.tree_structure(self.wanted), _spread(self.wanted, list(direction))
+        )
+        j_v, _, (h_body, h_init, h_bufs) = _gradient_and_hvp(loop, self.config, cts, v)
+        zeros = jtu.tree_map(_zero_ct, (body, cond, init, tape))
+        ct = (h_body, zeros[1], h_init, zeros[3]._replace(bufs=tuple(h_bufs)))
+        return j_v, residuals.flatten(ct)
 
     def vjp_with_hvp(self, residuals: _Residuals, reverse):
         """The reverse sweep `reverse(residuals + cts) -> cts_in`, behind a JVP that
@@ -365,7 +403,6 @@ class _LoopJVP:
         cotangent the initial buffers have (the two are equal wherever a
         cotangent reaches them)."""
         n_res = len(residuals.leaves)
-        config, wanted = self.config, self.wanted
         out_perturbed = self.out_perturbed
 
         def two_pass(primals, where, tangents):
@@ -381,27 +418,7 @@ class _LoopJVP:
                 return list(jax.jvp(at, ([res[k] for k in where],), (list(ts),))[1])
 
             def vjp_fn(res, w):
-                body, cond, init, tape = residuals.unpack(res[:n_res])
-                loop = TracedLoop(body, cond, None, init, tape.bufs, config.layout)
-                cts = iter(res[n_res:])
-                out_leaves = jtu.tree_leaves((loop.init, loop.bufs))
-                cts = [
-                    next(cts) if f else _zero_ct(o)
-                    for o, f in zip(out_leaves, out_perturbed)
-                ]
-                direction = jtu.tree_unflatten(
-                    jtu.tree_structure(wanted), _spread(wanted, list(w))
-                )
-                j_w, _, h_w = _gradient_and_hvp(loop, config, cts, direction)
-                h_body, h_init, h_bufs = h_w
-                zeros = jtu.tree_map(_zero_ct, (body, cond, init, tape))
-                res_ct = (
-                    h_body,
-                    zeros[1],
-                    h_init,
-                    zeros[3]._replace(bufs=tuple(h_bufs)),
-                )
-                ct_res = residuals.flatten(res_ct)
+                j_w, ct_res = self.residual_hvp(residuals, res[:n_res], res[n_res:], w)
                 ct_cts = [j for j, f in zip(j_w, out_perturbed) if f]
                 full = ct_res + ct_cts
                 return [full[k] for k in where]
@@ -441,6 +458,14 @@ class _LoopJVP:
         ct_p = self._at_leaves(leaves, _everywhere(ct_tree), ct_tree, range(n))
         ct_t = _pick(self.wanted, g_v)
         return ct_p, ct_t
+
+
+def _flat(tree):
+    """`tree`'s arrays as a list, and the function rebuilding `tree` from such a
+    list."""
+    arrays, static = eqx.partition(tree, eqx.is_array)
+    leaves, treedef = jtu.tree_flatten(arrays)
+    return leaves, lambda ops: eqx.combine(jtu.tree_unflatten(treedef, ops), static)
 
 
 def _add(a, b):

@@ -31,7 +31,7 @@ from jax.custom_derivatives import SymbolicZero
 from jax.dtypes import float0
 from jax.interpreters import ad, batching, mlir
 
-from ._tangent import loop_tangent
+from ._tangent import loop_tangent, THIRD_ORDER_REVERSE
 
 
 loop_jvp_p = jax.extend.core.Primitive("boundedloop_loop_jvp")
@@ -216,6 +216,9 @@ def _transposable_lift(lifted_one_pass, spec: Spec, nonzero):
             full = [
                 next(it) if f else _zeros(a) for a, f in zip(spec.out_avals, inexact)
             ]
+            if spec.passes.reverse_of_jvp is None:
+                # the JVP of a pass that is itself a second derivative
+                raise RuntimeError(THIRD_ORDER_REVERSE)
             ct_p, ct_t = spec.passes.reverse_of_jvp(
                 list(res[: spec.n_primals]), list(res[spec.n_primals :]), full
             )
@@ -244,14 +247,17 @@ def _zeros(aval):
     )
 
 
-def linearizable(fn: Callable, two_pass: Callable, effects: frozenset) -> Callable:
+def linearizable(
+    fn: Callable, two_pass: Callable | None, effects: frozenset
+) -> Callable:
     """`fn` (a flat list of arrays to a flat list of arrays) behind a custom JVP that
     JAX evaluates in one pass (`jax.jvp` of `fn`) and linearizes in two:
     `two_pass(primals, where, tangents)`, `where` the positions of the perturbed
     primals, returns the outputs and the tangents of the inexact ones, the tangents
     typically a `loop_tangent` whose transpose is written by hand. This is how the
     loop's own sweeps stay differentiable when an outer reverse pass differentiates
-    a gradient (see `_autodiff`)."""
+    a gradient (see `_autodiff`). With `two_pass=None` the linearized tangent
+    cannot be transposed: that raises a clear error (a third reverse pass)."""
 
     @jax.custom_jvp
     def wrapped(*leaves):
@@ -268,6 +274,7 @@ def linearizable(fn: Callable, two_pass: Callable, effects: frozenset) -> Callab
             jax.typeof(o) for o in jax.eval_shape(lambda *a: fn(list(a)), *primals)
         ]
         inexact = [_inexact(a) for a in out_avals]
+        t_avals = tuple(a.to_tangent_aval() for a, f in zip(out_avals, inexact) if f)
         if not where:
             outs = wrapped(*primals)
             return outs, [SymbolicZero(a.to_tangent_aval()) for a in out_avals]
@@ -282,12 +289,35 @@ def linearizable(fn: Callable, two_pass: Callable, effects: frozenset) -> Callab
             out, t_out = jax.jvp(at, ([ps[k] for k in where],), (list(ts),))
             return list(out) + [t for t, f in zip(t_out, inexact) if f]
 
+        if two_pass is None:
+
+            def linearized(ps, ts):
+                def jvp_fn(res, lin):
+                    return one_pass(res, lin)[len(out_avals) :]
+
+                def vjp_fn(res, cts):
+                    raise RuntimeError(THIRD_ORDER_REVERSE)
+
+                t_out = loop_tangent(
+                    list(ps),
+                    list(ts),
+                    jvp_fn=jvp_fn,
+                    vjp_fn=vjp_fn,
+                    out_avals=t_avals,
+                    loop_effects=effects,
+                )
+                return list(fn(list(ps))) + list(t_out)
+
+        else:
+
+            def linearized(ps, ts):
+                return two_pass(ps, where, ts)
+
         spec = Spec(
-            Passes(one_pass, lambda ps, ts: two_pass(ps, where, ts), primal=fn),
+            Passes(one_pass, linearized, primal=fn),
             n_primals=len(primals),
             n_outputs=len(out_avals),
-            out_avals=tuple(out_avals)
-            + tuple(a.to_tangent_aval() for a, f in zip(out_avals, inexact) if f),
+            out_avals=tuple(out_avals) + t_avals,
             effects=effects,
             tangent_inputs=tuple(where),
             tangent_outputs=tuple(k for k, f in enumerate(inexact) if f),
@@ -312,10 +342,7 @@ def _jvp(primals, tangents, *, spec):
         return out, [ad.Zero(a.to_tangent_aval()) for a in spec.out_avals]
     passes = spec.passes
     one_pass = _lift(passes.one_pass, spec, nonzero)
-    if passes.reverse_of_jvp is None:
-        two_pass = _lift(passes.two_pass, spec, nonzero)
-    else:
-        two_pass = _transposable_lift(one_pass, spec, nonzero)
+    two_pass = _transposable_lift(one_pass, spec, nonzero)
     lifted = Spec(
         Passes(one_pass, two_pass),
         n_primals=len(primals),

@@ -28,6 +28,7 @@ import jax
 import jax.extend.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
+import numpy as np
 from jax.interpreters import ad, batching, mlir
 
 from ._forward_sweeps import replay_sweep
@@ -40,18 +41,22 @@ forward_only_p = jax.extend.core.Primitive("boundedloop_forward_only")
 forward_only_p.multiple_results = True
 
 
-def _loop_tangent_impl(*args, n_res, jvp_fn, vjp_fn, out_avals, loop_effects):
-    del vjp_fn, out_avals, loop_effects
+def _loop_tangent_impl(*args, n_res, jvp_fn, vjp_fn, hvp_fn, out_avals, loop_effects):
+    del vjp_fn, hvp_fn, out_avals, loop_effects
     return jvp_fn(list(args[:n_res]), list(args[n_res:]))
 
 
-def _loop_tangent_abstract_eval(*args, n_res, jvp_fn, vjp_fn, out_avals, loop_effects):
-    del args, n_res, jvp_fn, vjp_fn
+def _loop_tangent_abstract_eval(
+    *args, n_res, jvp_fn, vjp_fn, hvp_fn, out_avals, loop_effects
+):
+    del args, n_res, jvp_fn, vjp_fn, hvp_fn
     return list(out_avals), loop_effects
 
 
-def _loop_tangent_transpose(cts, *args, n_res, jvp_fn, vjp_fn, out_avals, loop_effects):
-    del jvp_fn, loop_effects
+def _loop_tangent_transpose(
+    cts, *args, n_res, jvp_fn, vjp_fn, hvp_fn, out_avals, loop_effects
+):
+    del jvp_fn, hvp_fn, loop_effects
     residuals, linear = args[:n_res], args[n_res:]
     if any(ad.is_undefined_primal(r) for r in residuals):
         raise RuntimeError(
@@ -75,7 +80,9 @@ def _move(x, dim, size):
     return batching.bdim_at_front(x, dim, size)
 
 
-def _loop_tangent_batch(args, dims, *, n_res, jvp_fn, vjp_fn, out_avals, loop_effects):
+def _loop_tangent_batch(
+    args, dims, *, n_res, jvp_fn, vjp_fn, hvp_fn, out_avals, loop_effects
+):
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
     args = [a if d is None else _move(a, d, size) for a, d in zip(args, dims)]
     axes = [None if d is None else 0 for d in dims]
@@ -88,16 +95,34 @@ def _loop_tangent_batch(args, dims, *, n_res, jvp_fn, vjp_fn, out_avals, loop_ef
         # a tangent input without a batch axis gets the sum over the batch
         return [c if a == 0 else jnp.sum(c, axis=0) for c, a in zip(cts_in, lin_axes)]
 
+    batched_hvp = None
+    if hvp_fn is not None:
+        per_element_hvp = jax.vmap(hvp_fn, in_axes=(res_axes, lin_axes, 0), out_axes=0)
+
+        def batched_hvp(residuals, linear, cts):
+            cts_res = per_element_hvp(residuals, linear, cts)
+            return [_sum_unbatched(c, a) for c, a in zip(cts_res, res_axes)]
+
     out_avals = tuple(jax.extend.core.unmapped_aval(size, 0, a) for a in out_avals)
     out = loop_tangent_p.bind(
         *args,
         n_res=n_res,
         jvp_fn=batched_jvp,
         vjp_fn=batched_vjp,
+        hvp_fn=batched_hvp,
         out_avals=out_avals,
         loop_effects=loop_effects,
     )
     return out, [0] * len(out)
+
+
+def _sum_unbatched(ct, axis):
+    """The cotangent of an operand without a batch axis: the sum over elements."""
+    if axis == 0:
+        return ct
+    if ct.dtype == jax.dtypes.float0:
+        return np.zeros(ct.shape[1:], jax.dtypes.float0)
+    return jnp.sum(ct, axis=0)
 
 
 def _loop_tangent_jvp(primals, tangents, **params):
@@ -117,17 +142,53 @@ def _loop_tangent_jvp(primals, tangents, **params):
     ]
     if any(floating):
 
-        def of_floats(float_res):
+        def of_floats(float_res, residuals, linear):
             it = iter(float_res)
             full = [next(it) if f else r for f, r in zip(floating, residuals)]
             return jvp_fn(full, linear)
 
-        float_res = [r for f, r in zip(floating, residuals) if f]
         float_d = [d for f, d in zip(floating, d_res) if f]
-        parts.append(jax.jvp(of_floats, (float_res,), (float_d,))[1])
+        parts.append(
+            _residual_tangent(residuals, linear, floating, float_d, of_floats, params)
+        )
     if not parts:
         return out, [ad.Zero(a.to_tangent_aval()) for a in out_avals]
     return out, [sum(ts[1:], ts[0]) for ts in zip(*parts)]
+
+
+def _residual_tangent(residuals, linear, floating, float_d, of_floats, params):
+    """The tangent's derivative through its residuals, `d(J(p) t)/dp . dp`, as a
+    linear primitive of its own: evaluated, forward over forward; transposed (grad
+    of `jvp`), `hvp_fn`, a forward-over-reverse product (the derivative is a block
+    of the Hessian of `v . F`, symmetric). Without `hvp_fn`, transposing it raises
+    a clear error."""
+    n_res, n_lin = len(residuals), len(linear)
+    hvp_fn = params["hvp_fn"]
+
+    def jvp_fn(operands, d):
+        res, lin = operands[:n_res], operands[n_res:]
+        float_res = [r for f, r in zip(floating, res) if f]
+        return jax.jvp(lambda r: of_floats(r, res, lin), (float_res,), (list(d),))[1]
+
+    def vjp_fn(operands, cts):
+        if hvp_fn is None:  # a tangent that is itself a second derivative
+            raise RuntimeError(THIRD_ORDER_REVERSE)
+        res, lin = operands[:n_res], operands[n_res:]
+        ct_res = hvp_fn(list(res), list(lin), list(cts))
+        return [c for f, c in zip(floating, ct_res) if f]
+
+    del n_lin
+    return loop_tangent_p.bind(
+        *residuals,
+        *linear,
+        *float_d,
+        n_res=n_res + len(linear),
+        jvp_fn=jvp_fn,
+        vjp_fn=vjp_fn,
+        hvp_fn=None,
+        out_avals=params["out_avals"],
+        loop_effects=params["loop_effects"],
+    )
 
 
 def replay_tangent(primals, wanted, t_in, layout):
@@ -158,7 +219,9 @@ def replay_tangent(primals, wanted, t_in, layout):
     return jax.jvp(replay, (varying,), (t_varying,))[1]
 
 
-def loop_tangent(residuals, tangents, *, jvp_fn, vjp_fn, out_avals, loop_effects):
+def loop_tangent(
+    residuals, tangents, *, jvp_fn, vjp_fn, out_avals, loop_effects, hvp_fn=None
+):
     """Bind the loop's tangent.
 
     **Arguments:**
@@ -169,6 +232,10 @@ def loop_tangent(residuals, tangents, *, jvp_fn, vjp_fn, out_avals, loop_effects
     - `vjp_fn`: `(residuals, cts) -> list`, its transpose: one cotangent per tangent.
     - `out_avals`: the avals of `jvp_fn`'s outputs.
     - `loop_effects`: the effects of `jvp_fn` (those of the loop body).
+    - `hvp_fn`: optional, `(residuals, tangents, cts) -> cts of residuals`, the
+        residuals' cotangent of `cts . jvp_fn(residuals, tangents)`: what makes the
+        tangent's derivative through its residuals transposable (grad of a
+        linearized loop). `None`: that derivative is forward mode only.
 
     **Returns:**
 
@@ -180,17 +247,19 @@ def loop_tangent(residuals, tangents, *, jvp_fn, vjp_fn, out_avals, loop_effects
         n_res=len(residuals),
         jvp_fn=jvp_fn,
         vjp_fn=vjp_fn,
+        hvp_fn=hvp_fn,
         out_avals=tuple(out_avals),
         loop_effects=loop_effects,
     )
 
 
-_REVERSE_OVER_REVERSE = (
-    "boundedloop: reverse-mode differentiation of a loop's gradient (grad of grad) is "
-    "not supported; its backward pass is a while loop of unknown length. Take second "
-    "derivatives forward-over-reverse instead: `jax.hessian(f)` (which is "
-    "`jax.jacfwd(jax.jacrev(f))`), or `jax.jvp(jax.grad(f), (x,), (v,))` for "
-    "Hessian-vector products."
+THIRD_ORDER_REVERSE = (
+    "boundedloop: reverse-mode differentiation of a loop to third order (`jax.grad` "
+    "of `jax.grad` of `jax.grad`, `jax.jacrev` of `jax.hessian`, ...) is not "
+    "supported: second derivatives work in every mode, but a third reverse pass "
+    "would have to transpose a forward-mode loop. Put forward mode outermost for "
+    "third derivatives: `jax.jacfwd(jax.hessian(f))`, or `jax.jvp` of "
+    "`jax.grad(jax.grad(f))`."
 )
 
 
@@ -209,7 +278,7 @@ def _forward_only_jvp(primals, tangents):
 
 
 def _forward_only_transpose(cts, *args):
-    raise RuntimeError(_REVERSE_OVER_REVERSE)
+    raise RuntimeError(THIRD_ORDER_REVERSE)
 
 
 def forward_only(tree):
