@@ -12,7 +12,13 @@ and that JAX evaluates or splits as the transform requires:
   that primitive is the JVP of `replay_sweep` (the same steps again from the initial
   carry); transposed, it is `reverse_sweep` over the checkpoints;
 - forward over reverse (`jax.hessian`) differentiates the checkpointed and reverse
-  sweeps in forward mode, which `lax.while_loop` supports.
+  sweeps in forward mode, which `lax.while_loop` supports;
+- reverse over anything: the checkpointed sweep (`_LoopJVP.taped_sweep`), the
+  reverse sweep (`_LoopJVP.vjp_with_hvp`) and the loop's JVP itself
+  (`_LoopJVP.reverse_of_jvp`) each sit behind a JVP that is one pass when evaluated
+  (so `jax.hessian` runs as above) and, when linearized, a `loop_tangent` whose
+  transpose is a forward-over-reverse product: the linearized gradient is a block
+  of a symmetric Hessian, so no loop is ever reversed twice (`docs/guides/forward-mode.md`).
 
 Tangents and cotangents exist for the initial carry and for every floating array the
 body closes over (`body` is closure-converted, so those arrays are its leaves), and

@@ -1,26 +1,26 @@
-"""Forward mode: the loop's tangent as a linear primitive, and a guard against
-reverse-over-reverse. Both primitives' rules are named after them and registered
-together at the end.
+"""The loop's tangent as a linear primitive whose transpose is written by hand. Its
+rules are named after it and registered together at the end.
 
 `replay_tangent` is the tangent itself: the JVP of `replay_sweep`, which takes the
 steps the checkpointed sweep took again. `loop_tangent(residuals, tangents, ...)` is
-linear in `tangents`. It is bound by the two-pass form of the loop's JVP
-(`_autodiff._LoopJVP.two_pass`) and carries two Python functions as parameters:
+linear in `tangents` and carries Python functions as parameters:
 
-- `jvp_fn(residuals, tangents) -> out`: the tangent loop. It is the primitive's
+- `jvp_fn(residuals, tangents) -> out`: the tangent. It is the primitive's
   implementation and lowering, so applying a `jax.linearize`d loop runs it (`jax.jvp`
   does not get here: it evaluates the loop's JVP in one pass, see `_loop_jvp`).
-- `vjp_fn(residuals, cts) -> cts_in`: its transpose, the checkpointed reverse sweep.
-  `jax.grad` never runs the tangent loop: it linearizes (the tangent stays
-  symbolic) and transposes, which calls `vjp_fn` on the checkpoints the primal pass
-  saved as residuals.
+- `vjp_fn(residuals, cts) -> cts_in`: its transpose. For the loop's own tangent that
+  is the checkpointed reverse sweep: `jax.grad` never runs the tangent loop; it
+  linearizes (the tangent stays symbolic) and transposes, which calls `vjp_fn` on the
+  checkpoints the primal pass saved as residuals. `_autodiff` binds the primitive
+  for the second-order passes too, with other pairs.
+- `hvp_fn(residuals, tangents, cts) -> cts of residuals`, optional: the transpose of
+  the tangent's derivative through its residuals (`grad` of a linearized loop),
+  a forward-over-reverse product. Without it that derivative is forward mode only,
+  and transposing it raises `THIRD_ORDER_REVERSE`.
 
-Under `vmap` both functions are vmapped. The JVP of the primitive (forward over
-forward) is the JVP of `jvp_fn`.
-
-`forward_only(tree)` is the identity with a tangent that cannot be transposed: it
-wraps the reverse sweep's results, so that forward-over-reverse (`jax.hessian`) works
-and reverse-over-reverse fails with a message that says what to do instead.
+Under `vmap` the functions are vmapped. The JVP of the primitive is the primitive
+again on the tangents of its linear inputs, plus its derivative through the
+residuals (`_residual_tangent`).
 """
 
 import equinox as eqx
@@ -37,8 +37,6 @@ from ._shard_map import sum_over_devices, vary_everywhere
 
 loop_tangent_p = jax.extend.core.Primitive("boundedloop_loop_tangent")
 loop_tangent_p.multiple_results = True
-forward_only_p = jax.extend.core.Primitive("boundedloop_forward_only")
-forward_only_p.multiple_results = True
 
 
 def _loop_tangent_impl(*args, n_res, jvp_fn, vjp_fn, hvp_fn, out_avals, loop_effects):
@@ -263,50 +261,6 @@ THIRD_ORDER_REVERSE = (
 )
 
 
-def _forward_only_impl(*args):
-    return args
-
-
-def _forward_only_jvp(primals, tangents):
-    nonzero = [type(t) is not ad.Zero for t in tangents]
-    out = forward_only_p.bind(*primals)
-    if not any(nonzero):
-        return out, list(tangents)
-    t_out = forward_only_p.bind(*[t for t, nz in zip(tangents, nonzero) if nz])
-    it = iter(t_out)
-    return out, [next(it) if nz else t for t, nz in zip(tangents, nonzero)]
-
-
-def _forward_only_transpose(cts, *args):
-    raise RuntimeError(THIRD_ORDER_REVERSE)
-
-
-def forward_only(tree):
-    """`tree` unchanged. Its tangent (forward mode) passes through; transposing that
-    tangent (reverse mode) raises an error explaining reverse-over-reverse."""
-    leaves, treedef = jtu.tree_flatten(tree)
-    arrays = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array)]
-    if not arrays:
-        return tree
-    out = forward_only_p.bind(*[leaves[i] for i in arrays])
-    for i, x in zip(arrays, out):
-        leaves[i] = x
-    return jtu.tree_unflatten(treedef, leaves)
-
-
-def _forward_only_abstract_eval(*avals):
-    return list(avals)
-
-
-def _forward_only_batch(args, dims):
-    return forward_only_p.bind(*args), list(dims)
-
-
-def _forward_only_lowering(ctx, *args):
-    del ctx
-    return list(args)
-
-
 loop_tangent_p.def_impl(_loop_tangent_impl)
 loop_tangent_p.def_effectful_abstract_eval(_loop_tangent_abstract_eval)
 ad.primitive_jvps[loop_tangent_p] = _loop_tangent_jvp
@@ -315,10 +269,3 @@ batching.primitive_batchers[loop_tangent_p] = _loop_tangent_batch
 mlir.register_lowering(
     loop_tangent_p, mlir.lower_fun(_loop_tangent_impl, multiple_results=True)
 )
-
-forward_only_p.def_impl(_forward_only_impl)
-forward_only_p.def_abstract_eval(_forward_only_abstract_eval)
-ad.primitive_jvps[forward_only_p] = _forward_only_jvp
-ad.primitive_transposes[forward_only_p] = _forward_only_transpose
-batching.primitive_batchers[forward_only_p] = _forward_only_batch
-mlir.register_lowering(forward_only_p, _forward_only_lowering)
