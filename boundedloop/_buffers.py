@@ -17,8 +17,10 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
+from jax._src import core as jax_core, dtypes as jax_dtypes
 
 from ._indexing import get, Index, make_index, overlay, put, SUPPORTED
 
@@ -57,14 +59,21 @@ class Write:
 class StepTrace:
     """One evaluation of the body: the buffers' state and what it read and wrote."""
 
-    def __init__(self, arrays, dummies, active, written, shared=frozenset()):
+    def __init__(self, arrays, dummies, active, written, shared=frozenset(), gate=None):
         self.arrays = list(arrays)
         self.dummies = dummies
         self.active = active
+        # an inner loop's writes to buffers lent by outer loops happen only where
+        # those loops' steps are live too (under `vmap`, an element that stopped
+        # must not be written by the inner loops its masked step still runs)
+        self.gate = gate
+        self.live = active if gate is None else jnp.logical_and(active, gate)
         self.written = None if written is None else list(written)
         # buffers this step hands to an inner loop: differentiated as whole arrays
         # (see `hand_back`), so their reads and writes here are plain
         self.shared = set(shared)
+        # the trace `body_fun` runs in: buffers are written only there (see `_here`)
+        self.trace_state = jax.extend.core.get_opaque_trace_state()
         # runtime rule violations seen in this step (only with the checks on)
         self.double_write = jnp.array(False)
         self.unwritten_read = jnp.array(False)
@@ -72,7 +81,12 @@ class StepTrace:
         self.reads: list[tuple[int, Index, Any]] = []
         self.writes: list[Write] = []
 
-    def read(self, leaf: int, index: Index):
+    def read(self, leaf: int, index: Index, traced: bool = False):
+        """`traced`: whether the user's index held traced integers."""
+        if self.written is not None:
+            self._here(leaf, "read with `bl.buffer_checks` on")
+        elif traced:
+            self._here(leaf, "read at a traced index")
         array = self.arrays[leaf]
         if self.written is not None:
             done = jnp.all(get(self.written[leaf], index))
@@ -92,7 +106,20 @@ class StepTrace:
         self.reads.append((leaf, index, shape))
         return value
 
+    def _here(self, leaf: int, what: str):
+        """Raise if the body is inside a JAX transformation of its own (`lax.cond`,
+        `jax.jit`, ...): what it writes there would be that trace's, and escape it."""
+        if jax.extend.core.get_opaque_trace_state() != self.trace_state:
+            raise ValueError(
+                f"A `bl.Buffer` ({describe(self.arrays[leaf], leaf)}) was {what} "
+                "inside a JAX transformation nested in `body_fun` (`lax.cond`, "
+                "`lax.switch`, an inner `lax` loop, a `jax.jit`- or `jax.vmap`-ed "
+                "function, ...). Buffers are written, and read at traced indices, only "
+                f"at the top level of `body_fun`. {_INSTEAD}"
+            )
+
     def write(self, leaf: int, index: Index, value, pred):
+        self._here(leaf, "written")
         array = self.arrays[leaf]
         value = jnp.broadcast_to(jnp.asarray(value), index.result_shape())
         value = value.astype(array.dtype)
@@ -101,6 +128,8 @@ class StepTrace:
             raise TypeError(
                 "`buf.at[...].set(x, pred=p)` needs `p` to be a scalar bool."
             )
+        if self.gate is not None:
+            pred = jnp.logical_and(pred, self.gate)
         self.writes.append(Write(leaf, index, value, pred))
         live = jnp.logical_and(pred, self.active)
         if self.written is not None:
@@ -112,6 +141,7 @@ class StepTrace:
 
     def hand_back(self, leaf: int, array):
         """`array` is buffer `leaf` after an inner loop wrote into it."""
+        self._here(leaf, "handed to an inner loop")
         self.shared.add(leaf)
         self.arrays[leaf] = array
 
@@ -148,7 +178,8 @@ class Buffer:
         return self._array.ndim
 
     def __getitem__(self, idx):
-        return self._trace.read(self._leaf, make_index(idx, self.shape))
+        index = make_index(idx, self.shape)
+        return self._trace.read(self._leaf, index, _is_traced(idx))
 
     @property
     def at(self):
@@ -174,6 +205,41 @@ def _not_an_array(self, *args):
     self.__jax_array__()
 
 
+def describe(array, leaf: int) -> str:
+    return (
+        f"buffer #{leaf}, {jnp.dtype(array.dtype).name}{list(array.shape)}; a loop's "
+        "buffers are numbered from 0 in the order of the carry's leaves"
+    )
+
+
+_INSTEAD = (
+    "For a conditional write use `buf.at[i].set(x, pred=p)` rather than "
+    "`lax.cond`, `lax.select` or `jnp.where` on the buffer; to compute with its "
+    "values, read them first (`buf[i]`, or `buf[...]` for all of it) and pass "
+    "those; to write it in an inner loop, put it in the carry of an inner "
+    "`bl.while_loop` or `bl.scan`."
+)
+
+
+def _not_a_jax_value(buffer: Buffer):
+    """What JAX meets when a `Buffer` is an operand of a primitive or an argument
+    of a traced function (`lax.cond`, `lax.select`, `jnp.where`, `jax.jit`, ...).
+
+    A `ValueError`: JAX re-raises a `TypeError` from here as its own error."""
+    raise ValueError(
+        f"A `bl.Buffer` ({describe(buffer._array, buffer._leaf)}) was passed to a "
+        "JAX operation or transformation as an array (to `lax.cond`, `lax.switch`, "
+        "`lax.select`, `jnp.where`, a `jax.jit`-ed function, ...). A buffer is not "
+        f"an array and cannot leave the top level of `body_fun`. {_INSTEAD}"
+    )
+
+
+# Without these JAX only sees that `Buffer` defines `__jax_array__`, and says that
+# `__jax_array__` is no longer supported.
+jax_core.pytype_aval_mappings[Buffer] = _not_a_jax_value
+jax_dtypes.register_canonicalize_value_handler(Buffer, _not_a_jax_value)
+
+
 for _op in "add sub mul truediv floordiv mod pow matmul and or xor lt le gt ge".split():
     setattr(Buffer, f"__{_op}__", _not_an_array)
     setattr(Buffer, f"__r{_op}__", _not_an_array)
@@ -192,13 +258,20 @@ class _BufferAt:
         self._buffer = buffer
 
     def __getitem__(self, idx):
-        return _BufferRef(self._buffer, make_index(idx, self._buffer.shape))
+        index = make_index(idx, self._buffer.shape)
+        return _BufferRef(self._buffer, index, _is_traced(idx))
+
+
+def _is_traced(idx) -> bool:
+    idx = idx if isinstance(idx, tuple) else (idx,)
+    return any(isinstance(i, jax.core.Tracer) for i in idx)
 
 
 class _BufferRef:
-    def __init__(self, buffer: Buffer, index: Index):
+    def __init__(self, buffer: Buffer, index: Index, traced: bool):
         self._buffer = buffer
         self._index = index
+        self._traced = traced
 
     def set(self, x, *, pred=None) -> Buffer:
         """Set this location to `x` (where `pred` is true). Returns the buffer."""
@@ -208,7 +281,7 @@ class _BufferRef:
 
     def get(self):
         b = self._buffer
-        return b._trace.read(b._leaf, self._index)
+        return b._trace.read(b._leaf, self._index, self._traced)
 
     def __getattr__(self, name):
         raise AttributeError(
@@ -244,6 +317,21 @@ def lend_buffers(init_val, buffers_fn):
         return own, picked
 
     return init_val, with_lent, lent
+
+
+def lent_gate(lent):
+    """Where the outer loops whose buffers an inner loop was lent are live (a scalar
+    bool), or `None` if it was lent none: the inner loop writes them only there."""
+    gates = []
+    for _, buffer in lent:
+        if not any(buffer._trace is trace for trace, _ in gates):
+            gates.append((buffer._trace, buffer._trace.live))
+    if not gates:
+        return None
+    gate = gates[0][1]
+    for _, live in gates[1:]:
+        gate = jnp.logical_and(gate, live)
+    return gate
 
 
 def return_buffers(out, lent):

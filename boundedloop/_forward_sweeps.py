@@ -20,7 +20,12 @@ from jaxtyping import Array, Int
 
 from . import _progress, _tape
 from ._batching import any_across_batch, select_if_batched
-from ._checks import check_stopped, raise_violations
+from ._checks import (
+    check_stopped,
+    gather_violations,
+    raise_violations,
+    raise_violations_after,
+)
 from ._shard_map import varying_while_loop
 from ._step import advance
 from ._store_rules import store_rule
@@ -107,16 +112,16 @@ def plain_sweep(loop: TracedLoop, config: "LoopConfig"):
     def masked_step(state):
         t, x, bufs, written = state
         active = _active(loop, x, bufs, written)
-        new_x, bufs, written = advance(body, loop.layout, x, bufs, active, written)
+        new_x, bufs, new = advance(body, loop.layout, x, bufs, active, written)
         x = select_if_batched(active, new_x, x)
         _progress.tick(meter, t + 1)
-        return t + 1, x, bufs, written
+        return t + 1, x, bufs, gather_violations(written, new)
 
     written = None if loop.checked_body is None else _masks(loop.bufs)
     state = (jnp.array(0, jnp.int32), loop.init, loop.bufs, written)
-    t, x, bufs, _ = varying_while_loop(masked_cond, masked_step, state)
+    t, x, bufs, written = varying_while_loop(masked_cond, masked_step, state)
     _progress.done(meter, t)
-    return _finish(loop, config, (x, bufs))
+    return _finish(loop, config, raise_violations_after(written, (x, bufs)))
 
 
 class _Stores(NamedTuple):
@@ -183,11 +188,11 @@ def _stepping(loop: TracedLoop, body, max_steps, meter):
     def step(stepping):
         t, x, bufs, written, trips = stepping
         active = _active(loop, x, bufs, written)
-        new_x, bufs, written = advance(body, loop.layout, x, bufs, active, written)
+        new_x, bufs, new = advance(body, loop.layout, x, bufs, active, written)
         x = select_if_batched(active, new_x, x)
         trips = trips + active.astype(jnp.int32)
         _progress.tick(meter, t + 1)
-        return t + 1, x, bufs, written, trips
+        return t + 1, x, bufs, gather_violations(written, new), trips
 
     return going, step
 
@@ -243,15 +248,16 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
     stepping, stores = varying_while_loop(
         lambda state: going(state[0]), outer, (stepping, stores)
     )
-    length, x, bufs, _, trips = stepping
+    length, x, bufs, written, trips = stepping
     _progress.done(meter, length)
     positions, used = stores.positions, stores.used
     if rule is None:
         steps = jnp.arange(slots, dtype=jnp.int32)
         positions = jnp.where(steps < length, steps, _tape.UNUSED)
         used = jnp.minimum(length, slots)
-    # the check travels with the trip count too, which every backward pass reads
-    x, bufs, length = _finish(loop, config, (x, bufs, length))
+    # the checks travel with the trip count too, which every backward pass reads
+    tree = raise_violations_after(written, (x, bufs, length))
+    x, bufs, length = _finish(loop, config, tree)
     return (x, bufs), Tape(stores.storage, positions, used, trips, length, bufs)
 
 

@@ -1,7 +1,8 @@
 """What the checkpointed forward sweep leaves for the reverse sweep: the `Tape`.
 
 Checkpoint storage is a row per slot: one stacked array per carry leaf, except that
-scalar leaves sharing a dtype are packed into one stacked array. Writes are
+integer and boolean scalar leaves sharing a dtype are packed into one stacked array
+(floating ones are not: each keeps its own tangent, see `empty`). Writes are
 branch-free: `store` always writes a row, either the new value or the row's own old
 value, so the storage is updated in place and never copied whole.
 """
@@ -21,9 +22,9 @@ UNUSED = jnp.iinfo(jnp.int32).max  # position of a slot that holds nothing
 
 
 class Storage(eqx.Module):
-    """Rows of stored carries: one stacked array per carry leaf, except that scalar
-    leaves sharing a dtype are packed into one stacked array (a store writes each
-    array once, so fewer arrays mean fewer writes per store)."""
+    """Rows of stored carries: one stacked array per carry leaf, except that integer
+    and boolean scalar leaves sharing a dtype are packed into one stacked array (a
+    store writes each array once, so fewer arrays mean fewer writes per store)."""
 
     arrays: tuple[Array | None, ...]  # per leaf: its stacked array, or None if packed
     # dtype name -> the `(slots, count)` array of the scalar leaves of that dtype
@@ -37,10 +38,17 @@ def empty(carry, slots: int) -> Storage:
     (on a mesh with explicit axes) as the carry is."""
     leaves, treedef = jtu.tree_flatten(carry)
     # extended dtypes (typed PRNG keys) are never packed: they cannot be stacked
-    # with others, and NumPy cannot name them
+    # with others, and NumPy cannot name them. Nor are floating leaves: under
+    # forward over reverse (`jax.hessian`) the storage gets tangents, and a packed
+    # array has one tangent for all its columns, so a leaf packed with a perturbed
+    # one would be loaded with a tangent of its own (zero, but not symbolically),
+    # which `equinox.internal.nondifferentiable` (diffrax's `t` and `dt`) rejects.
+    # Integer and boolean leaves never have tangents.
     scalars = [
         jnp.dtype(x.dtype).name
-        if jnp.ndim(x) == 0 and not is_extended(x.dtype)
+        if jnp.ndim(x) == 0
+        and not is_extended(x.dtype)
+        and not jnp.issubdtype(x.dtype, jnp.inexact)
         else None
         for x in leaves
     ]

@@ -3,6 +3,7 @@ array normally; vmap; the opt-in misuse check; no copies in the compiled loop.""
 
 import functools
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -169,6 +170,53 @@ def test_buffer_errors():
             max_steps=3,
             buffers=lambda c: c[0],
         )
+
+
+def _write_in_a_branch(buf, i):
+    def write():
+        buf.at[i].set(1.0)
+        return 0
+
+    lax.cond(i > 0, write, lambda: 0)
+    return buf
+
+
+_NESTED = {
+    # the buffer as an operand or argument: JAX abstractifies it
+    "cond": lambda buf, i: lax.cond(
+        i > 0, lambda b: b.at[i].set(1.0), lambda b: b, buf
+    ),
+    "switch": lambda buf, i: lax.switch(i, [lambda b: b, lambda b: b], buf),
+    "select": lambda buf, i: lax.select(i > 0, buf, buf),
+    "where": lambda buf, i: jnp.where(i > 0, buf, buf),
+    "jit": lambda buf, i: jax.jit(lambda b, i: b.at[i].set(1.0))(buf, i),
+    # the buffer closed over (or static): written inside the inner trace
+    "cond_closure": lambda buf, i: _write_in_a_branch(buf, i),
+    "filter_jit": lambda buf, i: eqx.filter_jit(lambda b, i: b.at[i].set(1.0))(buf, i),
+    "fori_read": lambda buf, i: lax.fori_loop(
+        0, 2, lambda k, b: b.at[k].set(buf[k + 2]), buf
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(_NESTED))
+def test_buffer_in_a_nested_transformation_is_our_error(case):
+    """Not JAX's "`__jax_array__()` during abstractification" nor a leaked tracer:
+    an error at trace time naming the buffer and the conditional write."""
+
+    def body(c):
+        other, buf, i = c
+        return other, _NESTED[case](buf, i), i + 1
+
+    with pytest.raises(ValueError, match=r"Buffer` \(buffer #1, float32\[5\];") as e:
+        bl.while_loop(
+            lambda c: c[2] < 3,
+            body,
+            (jnp.zeros(2), jnp.zeros(5), 0),
+            max_steps=4,
+            buffers=lambda c: (c[0], c[1]),
+        )
+    assert "`buf.at[i].set(x, pred=p)`" in str(e.value)
 
 
 def read_after_write(c):

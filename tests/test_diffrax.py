@@ -210,3 +210,110 @@ def test_default_checkpoints_match_recursive_checkpoint_adjoint():
         assert _checkpoints(None, max_steps) == equinox_default
     assert _checkpoints(None, None) is None  # bl.while_loop's own default
     assert _checkpoints(7, 4096) == 7
+
+
+# Issue 28: `jax.grad` of a sum over `jax.vmap` of a solve, as a user training on
+# batches writes it; before the batching fix, 7 of these 16 crashed (every
+# `SaveAt(t1=True)` among them), with four different internal errors.
+BATCH_Y0 = jnp.array([1.0, 2.0, 3.0])
+BATCH_T1 = jnp.array([1.0, 0.95, 1.1])
+CONTROLLERS = {
+    "constant": diffrax.ConstantStepSize(),
+    "pid": diffrax.PIDController(rtol=1e-5, atol=1e-5),
+}
+BATCH_SAVEATS = {
+    "t1": diffrax.SaveAt(t1=True),
+    "t0_t1": diffrax.SaveAt(t0=True, t1=True),
+    "ts": diffrax.SaveAt(ts=jnp.linspace(0.0, 0.9, 4)),
+    "steps": diffrax.SaveAt(steps=True),
+}
+
+
+def _decay(t, y, a):
+    return -a * y
+
+
+@functools.cache
+def _batch_grad(adjoint, controller, saveat, t1_batched):
+    def solve_one(a, y0, t1):
+        sol = diffrax.diffeqsolve(
+            diffrax.ODETerm(_decay),
+            diffrax.Tsit5(),
+            0.0,
+            t1,
+            0.1,
+            y0,
+            args=a,
+            stepsize_controller=CONTROLLERS[controller],
+            saveat=BATCH_SAVEATS[saveat],
+            adjoint=adjoint,
+            max_steps=32,
+        )
+        return jnp.sum(sol.ys)
+
+    def loss(a):
+        t1 = BATCH_T1 if t1_batched else 1.0
+        per = jax.vmap(solve_one, in_axes=(None, 0, 0 if t1_batched else None))
+        return jnp.sum(per(a, BATCH_Y0, t1))
+
+    return jax.grad(loss)
+
+
+@pytest.mark.parametrize("t1_batched", [False, True], ids=["y0", "y0_t1"])
+@pytest.mark.parametrize("saveat", sorted(BATCH_SAVEATS))
+@pytest.mark.parametrize("controller", sorted(CONTROLLERS))
+def test_grad_of_vmap_matches_recursive_checkpoint_adjoint(
+    controller, saveat, t1_batched
+):
+    a = jnp.array(0.7)
+    ours = _batch_grad(CheckpointedAdjoint(), controller, saveat, t1_batched)(a)
+    expected = _batch_grad(RCA, controller, saveat, t1_batched)(a)
+    assert tree_allclose(ours, expected, rtol=1e-5)
+
+
+def test_grad_of_vmap_neural_vector_field():
+    """Issue 28's reproducer: a neural vector field closed over, `SaveAt(t1)`."""
+    eqx = pytest.importorskip("equinox")
+    mlp = eqx.nn.MLP(4, 4, 16, 2, activation=jnp.tanh, key=jax.random.key(0))
+    params, static = eqx.partition(mlp, eqx.is_inexact_array)
+
+    def loss(params, y0, adjoint):
+        m = eqx.combine(params, static)
+        sol = diffrax.diffeqsolve(
+            diffrax.ODETerm(lambda t, y, a: m(y)),
+            diffrax.Tsit5(),
+            0.0,
+            1.0,
+            0.1,
+            y0,
+            stepsize_controller=diffrax.PIDController(rtol=1e-5, atol=1e-5),
+            max_steps=64,
+            adjoint=adjoint,
+        )
+        return jnp.sum(sol.ys**2)
+
+    y0 = jnp.array([0.5, -0.3, 0.2, 0.1])
+    ys = jnp.stack([y0, 0.5 * y0, -y0])
+
+    def batch_grad(adjoint):
+        per = jax.vmap(lambda z, p: loss(p, z, adjoint), in_axes=(0, None))
+        return jax.grad(lambda p, y: jnp.sum(per(y, p)), argnums=(0, 1))(params, ys)
+
+    ours = batch_grad(CheckpointedAdjoint())
+    assert tree_allclose(ours, batch_grad(RCA), rtol=1e-5, atol=1e-6)
+
+
+def test_grad_of_grad_matches_direct_adjoint():
+    """diffrax issue 332: `jax.grad(jax.grad(f))` of `diffeqsolve`, with adaptive
+    steps; a gradient penalty too. `DirectAdjoint` is the reference."""
+
+    def f(y0, args, adjoint):
+        return solve(y0, args, adjoint, max_steps=32)
+
+    def second(adjoint):
+        grad_grad = jax.grad(lambda a: jnp.sum(jax.grad(f)(Y0, a, adjoint) ** 2))
+        mixed = jax.grad(lambda y: jax.grad(f, argnums=1)(y, ARGS, adjoint))
+        return jax.jit(lambda a, y: (grad_grad(a), mixed(y)))(ARGS, Y0)
+
+    expected = second(diffrax.DirectAdjoint())
+    assert tree_allclose(second(CheckpointedAdjoint(3)), expected, rtol=1e-5)

@@ -73,7 +73,8 @@ def test_off_by_default_and_free():
             jax.make_jaxpr(lambda x, n: loop(x, n))(X, jnp.array(50)).jaxpr
         )
     assert "callback" not in off and "pure_callback" not in off
-    assert "cond" in on and len(on) > len(off)
+    assert "boundedloop_raise_if" not in off
+    assert "boundedloop_raise_if" in on and len(on) > len(off)
 
 
 @pytest.mark.parametrize("n", [50, MAX_STEPS + 1])

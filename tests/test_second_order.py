@@ -99,19 +99,37 @@ TRANSFORMS = {
     "grad_linearize": grad_of_linearize,
 }
 
-# (checkpoints, max_steps, limit): fewer checkpoints than steps, every step stored,
-# a trip count cut by max_steps, and no step at all
-CASES = [(3, 12, 7), (None, 8, 5), (2, 6, 9), (2, 6, 0)]
+# (checkpoints, max_steps): fewer checkpoints than steps, every step stored, and a
+# bound below the trip count; each run at trip limits inside, at zero and past the
+# bound. The default run takes every transform on the first and two on the rest;
+# `-m slow` the whole grid.
+CONFIGS = [(3, 12), (None, 8), (2, 6)]
+LIMITS = [7, 0, 15]
+GRID = [
+    pytest.param(
+        transform,
+        *config,
+        marks=() if config == CONFIGS[0] or transform in QUICK else pytest.mark.slow,
+    )
+    for QUICK in [("grad_grad", "jacrev_jacfwd")]
+    for transform in sorted(TRANSFORMS)
+    for config in CONFIGS
+]
 
 
-@pytest.mark.parametrize("checkpoints, max_steps, limit", CASES)
-@pytest.mark.parametrize("transform", sorted(TRANSFORMS))
-def test_second_order_matches_scan(transform, checkpoints, max_steps, limit):
+@functools.cache
+def compiled(transform, checkpoints, max_steps):
     f = functools.partial(ours, max_steps=max_steps, checkpoints=checkpoints)
-    got = jax.jit(TRANSFORMS[transform](loss_of(f)))(X0, W, limit)
-    trips = min(limit, max_steps)
-    expected = TRANSFORMS[transform](loss_of(reference))(X0, W, trips)
-    assert tree_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    return jax.jit(TRANSFORMS[transform](loss_of(f)))
+
+
+@pytest.mark.parametrize("transform, checkpoints, max_steps", GRID)
+def test_second_order_matches_scan(transform, checkpoints, max_steps):
+    for limit in LIMITS:
+        got = compiled(transform, checkpoints, max_steps)(X0, W, limit)
+        trips = min(limit, max_steps)
+        expected = TRANSFORMS[transform](loss_of(reference))(X0, W, trips)
+        assert tree_allclose(got, expected, rtol=1e-5, atol=1e-6), limit
 
 
 @pytest.mark.parametrize("transform", ["grad_grad", "jacrev_jacfwd"])

@@ -15,9 +15,17 @@ bool, "cases": int, "error": str | None}}`, as its last line:
 - `shard_map`: the loop inside `jax.shard_map`, each device running its own loop on
   its shard with its own trip count: forward and gradient equal the per-shard
   references.
+
+The checks that make the program raise (`RAISING`: `bl.max_steps_check` and
+`bl.buffer_checks` firing on a sharded carry, under `jax.jit` and inside
+`jax.shard_map`) run only when named on the command line, each in a process of its
+own with a short timeout: a check that raises on one device while the others wait
+for it in a collective makes XLA abort the whole process after 40 seconds.
 """
 
 import json
+import sys
+import time
 import traceback
 
 import jax
@@ -228,6 +236,185 @@ def check_explicit(check):
         check_jit(check, EXPLICIT)
 
 
+def raises(check, name, fn, match):
+    """`fn()` raises an exception whose message contains `match`, promptly."""
+    start = time.perf_counter()
+    try:
+        jax.block_until_ready(fn())
+    except Exception as e:  # a JaxRuntimeError from the callback, naming our message
+        assert match in str(e), (name, str(e)[:2000])
+        assert time.perf_counter() - start < 20, (name, time.perf_counter() - start)
+        check.cases += 1
+        return
+    raise AssertionError(f"{name}: no error")
+
+
+def check_max_steps_check(check):
+    """`bl.max_steps_check` firing in a program partitioned over the 8 devices:
+    every device raises, none waits in a collective for one that did."""
+    rows = NamedSharding(AUTO, P("data"))
+    x = jax.device_put(X, rows)
+    message = f"reached max_steps={MAX_STEPS} while `cond_fun` was still true"
+    with bl.max_steps_check():
+        forward = jax.jit(run)
+        grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+        for n in [5, MAX_STEPS]:  # finishes by itself: no error, same results
+            out = forward(x, W, jnp.array(n))
+            check.close(f"checked forward n={n}", out[0], reference(X, W, n))
+            g = grad(x, W, jnp.array(n))
+            check.close(f"checked grad n={n}", g, reference_grad(X, W, n))
+        for kind, fn in [("forward", forward), ("grad", grad)]:
+            raises(check, kind, lambda: fn(x, W, jnp.array(20)), message)
+        with jax.set_mesh(EXPLICIT):
+            x = jax.device_put(X, NamedSharding(EXPLICIT, P("data")))
+            grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+            raises(check, "explicit grad", lambda: grad(x, W, jnp.array(20)), message)
+
+
+def check_buffer_checks(check):
+    """`bl.buffer_checks` firing on a buffer sharded over the 8 devices."""
+    cols = NamedSharding(AUTO, P(None, "data"))
+
+    def run_traj(x, traj, last):
+        # writes row min(i, last): row `last` twice when the loop goes past it
+        def step(carry):
+            x, traj, i = carry
+            x = jnp.tanh(x @ W + 0.1)
+            return x, traj.at[jnp.minimum(i, last)].set(x), i + 1
+
+        out = bl.while_loop(
+            lambda c: c[2] < 6,
+            step,
+            (x, traj, jnp.array(0)),
+            max_steps=MAX_STEPS,
+            checkpoints=2,
+            buffers=lambda c: c[1],
+        )
+        return jnp.sum(jnp.sin(out[1]))
+
+    x = jax.device_put(X, NamedSharding(AUTO, P("data")))
+    traj = jax.device_put(jnp.zeros((MAX_STEPS, 16, 3)), cols)
+    with bl.buffer_checks():
+        forward = jax.jit(run_traj)
+        grad = jax.jit(jax.grad(run_traj))
+        unchecked = jax.jit(jax.grad(run_traj))(X, jnp.zeros((MAX_STEPS, 16, 3)), 9)
+        check.close("checked buffer grad", grad(x, traj, jnp.array(9)), unchecked)
+        for kind, fn in [("buffer forward", forward), ("buffer grad", grad)]:
+            raises(check, kind, lambda: fn(x, traj, jnp.array(2)), "written twice")
+
+
+def refused(check, name, fn, match):
+    """`fn()` is refused when traced, with a `ValueError` containing `match`."""
+    try:
+        fn()
+    except ValueError as e:
+        assert match in str(e), (name, str(e)[:2000])
+        check.cases += 1
+        return
+    raise AssertionError(f"{name}: not refused")
+
+
+def check_shard_map_checks(check):
+    """Both checks inside `jax.shard_map`, where each device takes its own number
+    of steps: the devices agree on whether any ran out (or broke a buffer rule)
+    before raising, all together."""
+    mesh = AUTO
+
+    def per_shard(x, w, n):
+        out = bl.while_loop(
+            lambda c: c[1] < n[0],
+            body(w),
+            (x, jnp.zeros_like(n[0])),
+            max_steps=MAX_STEPS,
+            checkpoints=3,
+        )
+        return lax.psum(jnp.sum(out[0] ** 2), "data")
+
+    def per_shard_traj(x, n):
+        # writes row min(i, 2) of its own buffer: twice where n > 3
+        def step(carry):
+            x, traj, i = carry
+            return jnp.tanh(x @ W), traj.at[jnp.minimum(i, 2)].set(x), i + 1
+
+        carry = (x, jnp.zeros((MAX_STEPS, 2, 3)), jnp.zeros_like(n[0]))
+        out = bl.while_loop(
+            lambda c: c[2] < n[0],
+            step,
+            carry,
+            max_steps=MAX_STEPS,
+            buffers=lambda c: c[1],
+        )
+        return lax.psum(jnp.sum(out[1]), "data")
+
+    specs = (P("data"), P(), P("data"))
+    loss = jax.shard_map(per_shard, mesh=mesh, in_specs=specs, out_specs=P())
+    traj_loss = jax.shard_map(
+        per_shard_traj, mesh=mesh, in_specs=(P("data"), P("data")), out_specs=P()
+    )
+    x = jax.device_put(X, NamedSharding(mesh, P("data")))
+    fine = jnp.array([0, 3, 12, 7, 1, 9, 5, 9])
+    one_out = fine.at[5].set(20)  # one device runs out of steps
+    message = f"reached max_steps={MAX_STEPS} while `cond_fun` was still true"
+    with bl.max_steps_check():
+        forward, grad = jax.jit(loss), jax.jit(jax.grad(loss, argnums=(0, 1)))
+        expected = sum(
+            jnp.sum(reference(X[2 * d : 2 * d + 2], W, n) ** 2)
+            for d, n in enumerate(fine.tolist())
+        )
+        check.close("shard_map checked forward", forward(x, W, fine), expected)
+        for kind, fn in [("shard_map forward", forward), ("shard_map grad", grad)]:
+            raises(check, kind, lambda: fn(x, W, one_out), message)
+    with bl.buffer_checks():
+        forward = jax.jit(traj_loss)
+        few = jnp.array([0, 3, 1, 2, 3, 3, 1, 0])
+        jax.block_until_ready(forward(x, few))
+        check.cases += 1
+        raises(
+            check,
+            "shard_map buffers",
+            lambda: forward(x, few.at[3].set(5)),
+            "written twice",
+        )
+
+    # where the devices cannot agree before raising, the check is refused
+    def nested(x, w, n):
+        def outer(carry):
+            x, i = carry
+            inner = (x, jnp.zeros_like(n[0]))
+            x = bl.while_loop(lambda c: c[1] < n[0], body(w), inner, max_steps=3)[0]
+            return x, i + 1
+
+        return bl.while_loop(lambda c: c[1] < 2, outer, (x, 0), max_steps=3)[0]
+
+    grid = jax.make_mesh((2, 4), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
+
+    def partly_manual(x, w, n):
+        inner = (x, jnp.zeros_like(n[0]))
+        return bl.while_loop(lambda c: c[1] < n[0], body(w), inner, max_steps=3)[0]
+
+    with bl.max_steps_check():
+        f = jax.shard_map(nested, mesh=mesh, in_specs=specs, out_specs=P("data"))
+        refused(
+            check,
+            "nested",
+            lambda: jax.jit(f).lower(x, W, fine),
+            "cannot check a loop nested in the body of another loop",
+        )
+        f = jax.shard_map(
+            partly_manual,
+            mesh=grid,
+            in_specs=(P("a"), P(), P("a")),
+            out_specs=P("a"),
+            axis_names={"a"},
+        )
+        refused(
+            check,
+            "partly manual",
+            lambda: jax.jit(f).lower(X, W, jnp.array([3, 4])),
+            "leaves mesh axes automatic",
+        )
+
+
 CHECKS = {
     "jit": lambda check: check_jit(check, AUTO),
     "jit_buffers": check_jit_buffers,
@@ -235,9 +422,17 @@ CHECKS = {
     "shard_map": check_shard_map,
     "shard_map_unbounded": lambda check: check_shard_map(check, None),
 }
+RAISING = {
+    "max_steps_check": check_max_steps_check,
+    "buffer_checks": check_buffer_checks,
+    "shard_map_checks": check_shard_map_checks,
+}
 
+selected = sys.argv[1:]
 results = {}
-for name, fn in CHECKS.items():
+for name, fn in {**CHECKS, **RAISING}.items():
+    if name not in selected if selected else name in RAISING:
+        continue
     check = Checker()
     try:
         fn(check)
