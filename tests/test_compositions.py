@@ -12,8 +12,9 @@ the loop, and an inner loop writing the outer loop's buffer. The function under
 any non-empty subset of its inputs is batched: the initial carry, the closed-over
 parameters, the trip count.
 
-Each stack is tested on a few drawn structures in the default run; `-m slow` runs
-the long profile (`LONG_EXAMPLES` per stack).
+The default run tests each stack on one structure (`QUICK`: the ten spread over the
+kinds, the batched subsets and the inner `jit`); `-m slow` runs the long profile,
+where hypothesis draws the structure too (`LONG_EXAMPLES` per stack).
 """
 
 import functools
@@ -33,7 +34,7 @@ from .helpers import tree_allclose
 MAX_STEPS = 5
 ROWS = MAX_STEPS + 1
 BATCH = 2
-QUICK_EXAMPLES = 2
+QUICK_EXAMPLES = 1
 LONG_EXAMPLES = 12
 
 
@@ -210,6 +211,33 @@ def hessian_vmap(f, axes):
     return g
 
 
+def grad_grad_vmap(f, axes):
+    """Reverse over reverse: a gradient penalty on a batch."""
+
+    def g(x, w, n, tx, tw):
+        def penalty(x, w):
+            grads = jax.grad(lambda x, w: jnp.sum(_batched(f, axes)(x, w, n)), (0, 1))
+            gx, gw = grads(x, w)
+            return jnp.sum(gx**2) + jnp.sum(gw**2)
+
+        return jax.grad(penalty, argnums=(0, 1))(x, w)
+
+    return g
+
+
+def grad_jvp_vmap(f, axes):
+    """Reverse over forward."""
+
+    def g(x, w, n, tx, tw):
+        def tangent(x, w):
+            out = jax.jvp(lambda x, w: _batched(f, axes)(x, w, n), (x, w), (tx, tw))
+            return jnp.sum(out[1])
+
+        return jax.grad(tangent, argnums=(0, 1))(x, w)
+
+    return g
+
+
 STACKS = {
     "grad_vmap": grad_vmap,
     "vmap_grad": vmap_grad,
@@ -219,6 +247,8 @@ STACKS = {
     "jacfwd_vmap": jacfwd_vmap,
     "linearize_vmap": linearize_vmap,
     "hessian_vmap": hessian_vmap,
+    "grad_grad_vmap": grad_grad_vmap,
+    "grad_jvp_vmap": grad_jvp_vmap,
 }
 # batch axes in front of each batched input (two for `vmap_vmap_grad`)
 DEPTH = {"vmap_vmap_grad": 2}
@@ -257,10 +287,13 @@ def _inputs(rng, stack, axes, n_values):
     return x, w, n, tx, tw
 
 
-def _check(stack, data):
-    kind = data.draw(st.sampled_from(sorted(KINDS)), label="kind")
-    axes = data.draw(st.sampled_from(AXES), label="batched (x, w, n)")
-    jit_inside = data.draw(st.booleans(), label="jit inside vmap")
+def _check(stack, data, structure=None):
+    if structure is None:
+        kind = data.draw(st.sampled_from(sorted(KINDS)), label="kind")
+        axes = data.draw(st.sampled_from(AXES), label="batched (x, w, n)")
+        jit_inside = data.draw(st.booleans(), label="jit inside vmap")
+    else:
+        kind, axes, jit_inside = structure
     n_values = data.draw(
         st.lists(st.integers(0, MAX_STEPS + 1), min_size=4, max_size=4), label="n"
     )
@@ -280,11 +313,19 @@ def _property(examples):
     )
 
 
+# the default run: each stack on one structure, the structures spread over the
+# kinds, the batched subsets and the `jit` inside (hypothesis draws the data)
+QUICK = {
+    stack: (sorted(KINDS)[k % 3], AXES[(2 * k + 1) % len(AXES)], k % 4 != 3)
+    for k, stack in enumerate(sorted(STACKS))
+}
+
+
 @pytest.mark.parametrize("stack", sorted(STACKS))
 @_property(QUICK_EXAMPLES)
 @given(data=st.data())
 def test_composition_matches_masked_scan(stack, data):
-    _check(stack, data)
+    _check(stack, data, QUICK[stack])
 
 
 @pytest.mark.slow
