@@ -26,7 +26,11 @@ import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 from jax._src import api_util, core as jax_core, linear_util as lu
-from jax._src.interpreters import batching as batching_internal, partial_eval as pe
+from jax._src.interpreters import (
+    ad as ad_internal,
+    batching as batching_internal,
+    partial_eval as pe,
+)
 from jax.custom_derivatives import SymbolicZero
 from jax.dtypes import float0
 from jax.interpreters import ad, batching, mlir
@@ -270,10 +274,14 @@ def linearizable(
             for k, (p, t) in enumerate(zip(primals, tangents))
             if type(t) is not SymbolicZero and _inexact(jax.typeof(p))
         ]
-        out_avals = [
-            jax.typeof(o) for o in jax.eval_shape(lambda *a: fn(list(a)), *primals)
-        ]
-        inexact = [_inexact(a) for a in out_avals]
+        # the outputs that depend on a perturbed primal get tangents, the others a
+        # symbolic zero (a zero array would reach `nondifferentiable` leaves)
+        jaxpr = _closed_jaxpr(lambda *a: fn(list(a)), [jax.typeof(p) for p in primals])
+        out_avals = list(jaxpr.out_avals)
+        chosen = set(where)
+        nonzeros = [k in chosen for k in range(len(primals))]
+        _, out_nonzero = ad_internal.jvp_jaxpr(jaxpr, nonzeros, instantiate=False)
+        inexact = [_inexact(a) and nz for a, nz in zip(out_avals, out_nonzero)]
         t_avals = tuple(a.to_tangent_aval() for a, f in zip(out_avals, inexact) if f)
         if not where:
             outs = wrapped(*primals)
