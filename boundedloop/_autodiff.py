@@ -233,11 +233,10 @@ class _LoopJVP:
             flat, box["def"] = jtu.tree_flatten(result)
             return flat
 
-        def two_pass(primals, where, tangents):
+        def two_pass(primals, where, tangents, inexact):
             outs = sweep(primals)
             n = len(primals)
             avals = [jax.typeof(o) for o in outs]
-            inexact = [jnp.issubdtype(a.dtype, jnp.inexact) for a in avals]
             wanted = self._wanted_at(where)
             perturbed = self._perturbed_by(self._loop(primals), wanted)
 
@@ -411,7 +410,7 @@ class _LoopJVP:
         n_res = len(residuals.leaves)
         out_perturbed = self.out_perturbed
 
-        def two_pass(primals, where, tangents):
+        def two_pass(primals, where, tangents, with_tangent):
             outs = reverse(list(primals))
 
             def jvp_fn(res, ts):
@@ -421,15 +420,23 @@ class _LoopJVP:
                         args[k] = m
                     return reverse(args)
 
-                return list(jax.jvp(at, ([res[k] for k in where],), (list(ts),))[1])
+                t_out = jax.jvp(at, ([res[k] for k in where],), (list(ts),))[1]
+                return [t for t, f in zip(t_out, with_tangent) if f]
 
             def vjp_fn(res, w):
+                it = iter(w)
+                w = [
+                    next(it) if f else jnp.zeros_like(o)
+                    for o, f in zip(outs, with_tangent)
+                ]
                 j_w, ct_res = self.residual_hvp(residuals, res[:n_res], res[n_res:], w)
                 ct_cts = [j for j, f in zip(j_w, out_perturbed) if f]
                 full = ct_res + ct_cts
                 return [full[k] for k in where]
 
-            out_avals = tuple(jax.typeof(o).to_tangent_aval() for o in outs)
+            out_avals = tuple(
+                jax.typeof(o).to_tangent_aval() for o, f in zip(outs, with_tangent) if f
+            )
             t_out = loop_tangent(
                 list(primals),
                 list(tangents),

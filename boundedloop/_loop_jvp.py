@@ -256,8 +256,9 @@ def linearizable(
 ) -> Callable:
     """`fn` (a flat list of arrays to a flat list of arrays) behind a custom JVP that
     JAX evaluates in one pass (`jax.jvp` of `fn`) and linearizes in two:
-    `two_pass(primals, where, tangents)`, `where` the positions of the perturbed
-    primals, returns the outputs and the tangents of the inexact ones, the tangents
+    `two_pass(primals, where, tangents, with_tangent)`, `where` the positions of the
+    perturbed primals, returns the outputs and the tangents of those marked in
+    `with_tangent` (the inexact ones that depend on a perturbed primal), the tangents
     typically a `loop_tangent` whose transpose is written by hand. This is how the
     loop's own sweeps stay differentiable when an outer reverse pass differentiates
     a gradient (see `_autodiff`). With `two_pass=None` the linearized tangent
@@ -319,7 +320,7 @@ def linearizable(
         else:
 
             def linearized(ps, ts):
-                return two_pass(ps, where, ts)
+                return two_pass(ps, where, ts, inexact)
 
         spec = Spec(
             Passes(one_pass, linearized, primal=fn),
