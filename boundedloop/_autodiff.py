@@ -98,10 +98,12 @@ def _inexact_array(x) -> bool:
 
 
 def _zero_ct(x):
-    """A zero cotangent for `x` (`float0` for integers)."""
-    if jnp.issubdtype(x.dtype, jnp.inexact):
-        return jnp.zeros_like(x)
-    return np.zeros(x.shape, jax.dtypes.float0)
+    """A zero cotangent for `x` (`float0` for integers; `x` may be a constant that
+    tracing left a Python scalar)."""
+    dtype, shape = jnp.result_type(x), jnp.shape(x)
+    if jnp.issubdtype(dtype, jnp.inexact):
+        return jnp.zeros(shape, dtype)
+    return np.zeros(shape, jax.dtypes.float0)
 
 
 def _rerun(loop: TracedLoop, config: LoopConfig):
@@ -173,7 +175,8 @@ class _LoopJVP:
         self.out_avals = tuple(jax.typeof(o) for o in outs) + tuple(t_avals)
 
     def _loop(self, leaves) -> TracedLoop:
-        arrays = jtu.tree_unflatten(self.treedef, leaves)
+        # partial evaluation may hand a constant back as a Python scalar
+        arrays = jtu.tree_unflatten(self.treedef, [jnp.asarray(v) for v in leaves])
         return vary_everywhere(eqx.combine(arrays, self.static))
 
     def primal(self, leaves) -> list:
@@ -379,6 +382,8 @@ class _LoopJVP:
         `cts . F`, as cotangents of the residual operands (the tape's final buffers
         standing for the initial ones, the rest of the tape getting none)."""
         body, cond, init, tape = residuals.unpack(res_leaves)
+        # a leaf tracing left constant (a Python bool) is an array to the loop
+        init = tuple(jnp.asarray(v) for v in init)
         loop = TracedLoop(body, cond, None, init, tape.bufs, self.config.layout)
         it = iter(cts)
         out_leaves = jtu.tree_leaves((loop.init, loop.bufs))

@@ -211,6 +211,33 @@ def hessian_vmap(f, axes):
     return g
 
 
+def grad_grad_vmap(f, axes):
+    """Reverse over reverse: a gradient penalty on a batch."""
+
+    def g(x, w, n, tx, tw):
+        def penalty(x, w):
+            grads = jax.grad(lambda x, w: jnp.sum(_batched(f, axes)(x, w, n)), (0, 1))
+            gx, gw = grads(x, w)
+            return jnp.sum(gx**2) + jnp.sum(gw**2)
+
+        return jax.grad(penalty, argnums=(0, 1))(x, w)
+
+    return g
+
+
+def grad_jvp_vmap(f, axes):
+    """Reverse over forward."""
+
+    def g(x, w, n, tx, tw):
+        def tangent(x, w):
+            out = jax.jvp(lambda x, w: _batched(f, axes)(x, w, n), (x, w), (tx, tw))
+            return jnp.sum(out[1])
+
+        return jax.grad(tangent, argnums=(0, 1))(x, w)
+
+    return g
+
+
 STACKS = {
     "grad_vmap": grad_vmap,
     "vmap_grad": vmap_grad,
@@ -220,6 +247,8 @@ STACKS = {
     "jacfwd_vmap": jacfwd_vmap,
     "linearize_vmap": linearize_vmap,
     "hessian_vmap": hessian_vmap,
+    "grad_grad_vmap": grad_grad_vmap,
+    "grad_jvp_vmap": grad_jvp_vmap,
 }
 # batch axes in front of each batched input (two for `vmap_vmap_grad`)
 DEPTH = {"vmap_vmap_grad": 2}

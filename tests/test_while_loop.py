@@ -433,7 +433,13 @@ def _key_data(tree):
 BUFFERS = {"no buffers": None, "buffers": lambda c: c[4]}
 
 
-@pytest.mark.parametrize("buffers", BUFFERS.values(), ids=BUFFERS.keys())
+@pytest.mark.parametrize(
+    "buffers",
+    [
+        pytest.param(b, id=name, marks=pytest.mark.slow if b is not None else ())
+        for name, b in BUFFERS.items()
+    ],
+)
 def test_typed_prng_keys_in_the_carry(buffers):
     """New-style typed keys (`jax.random.key`) are carried as by `lax.while_loop`:
     forward values bit for bit, under `vmap`, and gradients with respect to the
