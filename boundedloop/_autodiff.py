@@ -232,7 +232,7 @@ class _LoopJVP:
         config, layout = self.config, self.config.layout
 
         def sweep(leaves):
-            result = checkpointed_sweep(self._loop(leaves), config)
+            result = checkpointed_sweep(self._loop(leaves), config, self.perturbed.x)
             flat, box["def"] = jtu.tree_flatten(result)
             return flat
 

@@ -164,11 +164,11 @@ def _store_event(rule, t, x, stores: _Stores, going) -> _Stores:
     )
 
 
-def _initial_stores(loop: TracedLoop, slots: int) -> _Stores:
+def _initial_stores(loop: TracedLoop, slots: int, perturbed=None) -> _Stores:
     """Empty storage; the rule's state comes with the first store."""
     zero = jnp.array(0, jnp.int32)
     return _Stores(
-        _tape.empty(loop.init, slots),
+        _tape.empty(loop.init, slots, perturbed),
         jnp.full((slots,), _tape.UNUSED, jnp.int32),
         zero,
         None,
@@ -198,7 +198,7 @@ def _stepping(loop: TracedLoop, body, max_steps, meter):
 
 
 @jax.named_scope("boundedloop_checkpointed_forward")
-def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
+def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig", perturbed=None):
     """The forward sweep of a differentiated loop: `plain_sweep`, storing the
     checkpoints where `_store_rules.store_rule` says.
 
@@ -207,6 +207,9 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
     writes every carry leaf: on a diffrax solver state, storing where due in a
     single loop made the checkpointed forward 1.2 times slower); without one (every
     step stored), one loop that stores each step.
+
+    `perturbed`, optional, one bool per carry leaf, lets the storage pack floating
+    scalars by whether they are perturbed (see `_tape.empty`).
 
     **Returns:**
 
@@ -239,7 +242,7 @@ def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig"):
     zero = jnp.array(0, jnp.int32)
     written = None if loop.checked_body is None else _masks(loop.bufs)
     stepping = (zero, loop.init, loop.bufs, written, zero)
-    stores = _initial_stores(loop, slots)
+    stores = _initial_stores(loop, slots, perturbed)
     if rule is None:
         outer = store_every_step
     else:

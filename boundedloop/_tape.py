@@ -33,25 +33,31 @@ class Storage(eqx.Module):
     columns: tuple = eqx.field(static=True)  # per leaf: `(dtype name, column)` or None
 
 
-def empty(carry, slots: int) -> Storage:
+def empty(carry, slots: int, perturbed=None) -> Storage:
     """Storage for `slots` copies of `carry` (a pytree of arrays), each row sharded
-    (on a mesh with explicit axes) as the carry is."""
+    (on a mesh with explicit axes) as the carry is. `perturbed`, one bool per leaf
+    (or `None`: none known), keeps floating scalars that are perturbed apart from
+    those that are not."""
     leaves, treedef = jtu.tree_flatten(carry)
-    # extended dtypes (typed PRNG keys) are never packed: they cannot be stacked
-    # with others, and NumPy cannot name them. Nor are floating leaves: under
-    # forward over reverse (`jax.hessian`) the storage gets tangents, and a packed
-    # array has one tangent for all its columns, so a leaf packed with a perturbed
-    # one would be loaded with a tangent of its own (zero, but not symbolically),
-    # which `equinox.internal.nondifferentiable` (diffrax's `t` and `dt`) rejects.
-    # Integer and boolean leaves never have tangents.
-    scalars = [
-        jnp.dtype(x.dtype).name
-        if jnp.ndim(x) == 0
-        and not is_extended(x.dtype)
-        and not jnp.issubdtype(x.dtype, jnp.inexact)
-        else None
-        for x in leaves
-    ]
+    # Extended dtypes (typed PRNG keys) are never packed: they cannot be stacked
+    # with others, and NumPy cannot name them. Floating leaves are packed only with
+    # leaves of the same perturbation: under forward over reverse (`jax.hessian`)
+    # the storage gets tangents, and a packed array has one tangent for all its
+    # columns, so a leaf packed with a perturbed one would be loaded with a tangent
+    # of its own (zero, but not symbolically), which
+    # `equinox.internal.nondifferentiable` (diffrax's `t` and `dt`) rejects. Integer
+    # and boolean leaves never have tangents.
+    perturbed = (None,) * len(leaves) if perturbed is None else tuple(perturbed)
+
+    def pack_name(x, p):
+        if jnp.ndim(x) != 0 or is_extended(x.dtype):
+            return None
+        name = jnp.dtype(x.dtype).name
+        if not jnp.issubdtype(x.dtype, jnp.inexact):
+            return name
+        return None if p is None else f"{name}/{'perturbed' if p else 'fixed'}"
+
+    scalars = [pack_name(x, p) for x, p in zip(leaves, perturbed)]
     # a dtype with one scalar keeps its own array: nothing to save by packing it
     names = [n if n is not None and scalars.count(n) > 1 else None for n in scalars]
     columns = [
@@ -65,7 +71,7 @@ def empty(carry, slots: int) -> Storage:
         for x, c in zip(leaves, columns)
     )
     packed = {
-        name: jnp.zeros((slots, count), jnp.dtype(name))
+        name: jnp.zeros((slots, count), jnp.dtype(name.split("/")[0]))
         for name, count in counts.items()
     }
     return Storage(arrays, packed, treedef, tuple(columns))
