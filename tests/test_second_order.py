@@ -208,6 +208,7 @@ def test_second_order_through_scan_and_fori_loop():
         assert tree_allclose(got, grad_of_grad(loss_of(reference))(X0, W, 7), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_second_order_nested_loops():
     def nested(inner_loop, outer_loop):
         def f(x, w, n):
