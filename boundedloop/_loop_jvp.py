@@ -14,8 +14,14 @@ for `lax.while_loop`:
   partial-evaluation rules (one for `jax.linearize`'s tracer, one for jaxprs, as under
   `jax.checkpoint`) trace this function in its place.
 
-Under `vmap` both are vmapped; the JVP of the primitive (forward over forward) is the
-primitive again, on the JVPs of both.
+Under `vmap` both are vmapped, and the outputs are batched as the loop's own primal
+is (`_out_batched`). The JVP of the primitive (forward over forward) is the primitive
+again, on the JVPs of both; linearized (reverse over forward), its tangent is a
+`loop_tangent` whose transpose is `Passes.reverse_of_jvp`.
+
+`linearizable(fn, two_pass, effects)` puts any of the loop's sweeps behind the same
+dispatch (one pass evaluated, two linearized), which is how they stay
+differentiable under a second reverse pass (see `_autodiff`).
 """
 
 from collections.abc import Callable
