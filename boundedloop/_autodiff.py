@@ -227,7 +227,9 @@ class _LoopJVP:
         """`checkpointed_sweep`, behind a JVP that an outer reverse pass can
         transpose: linearized, its output tangent is a `loop_tangent` whose transpose
         is the reverse sweep over this very tape (the tape's own tangent is never
-        transposed: see `vjp_with_hvp`)."""
+        transposed: see `vjp_with_hvp`). Its two-pass form is nested here
+        because its rules share the sweep's tree structure (`box`), known only
+        once the sweep is traced."""
         box = {}
         config, layout = self.config, self.config.layout
 

@@ -59,7 +59,9 @@ class Write:
 class StepTrace:
     """One evaluation of the body: the buffers' state and what it read and wrote."""
 
-    def __init__(self, arrays, dummies, active, written, shared=frozenset(), gate=None):
+    def __init__(
+        self, arrays, dummies, active, written, shared=frozenset(), *, gate=None
+    ):
         self.arrays = list(arrays)
         self.dummies = dummies
         self.active = active

@@ -268,7 +268,10 @@ def linearizable(
     typically a `loop_tangent` whose transpose is written by hand. This is how the
     loop's own sweeps stay differentiable when an outer reverse pass differentiates
     a gradient (see `_autodiff`). With `two_pass=None` the linearized tangent
-    cannot be transposed: that raises a clear error (a third reverse pass)."""
+    cannot be transposed: that raises a clear error (a third reverse pass).
+
+    It is one function (with its JVP rule inside) because the rule closes over
+    `fn` and `two_pass`: split, each piece would need them passed along."""
 
     @jax.custom_jvp
     def wrapped(*leaves):

@@ -148,7 +148,7 @@ def _generic_body(body_fun, layout: Layout, like, name: str, gate=None):
             step.active,
             None if written is None else written[0],
             layout.shared,
-            gate,
+            gate=gate,
         )
         views = [Buffer(trace, k) for k in range(len(step.bufs))]
         out = body_fun(layout.rebuild(step.x, views))
