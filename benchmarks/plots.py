@@ -1,10 +1,12 @@
-"""Draw the documentation's pictures and tables from the benchmark results.
+"""Draw the documentation's pictures from the benchmark results, and write its
+tables.
 
     python benchmarks/plots.py [--no-schedule]
 
-Reads `benchmarks/results/*.txt` and `*.json` (written by `while_loop.py`,
-`recomputation.py`, `buffers.py` and `diffrax_adjoint.py`), writes PNGs into `docs/images/` and the
-markdown tables the performance page includes into `docs/generated/`.
+Reads `benchmarks/results/*.json` (written by `while_loop.py`, `recomputation.py`
+and `diffrax_adjoint.py`) and writes PNGs into `docs/images/`; then runs
+`tables.write_tables`, which writes every markdown table the docs include into
+`docs/generated/` (`python benchmarks/tables.py` does that alone).
 """
 
 import json
@@ -21,7 +23,6 @@ from tables import write_tables  # noqa: E402
 
 RESULTS = pathlib.Path("benchmarks/results")
 IMAGES = pathlib.Path("docs/images")
-GENERATED = pathlib.Path("docs/generated")
 
 # one fixed style per loop, the same in every figure: ours solid, others dashed
 STYLE = {
@@ -35,107 +36,6 @@ STYLE = {
     "fori_loop+cond": dict(color="tab:brown", marker="P", ls="--", ms=6),
 }
 plt.rcParams.update({"font.size": 11, "axes.grid": True, "grid.alpha": 0.3})
-
-
-def nbytes(n) -> str:
-    """Bytes, readably (kB, MB, GB: powers of 1000)."""
-    if n is None:
-        return "-"
-    for unit, size in [("GB", 1e9), ("MB", 1e6), ("kB", 1e3)]:
-        if n >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{n} B"
-
-
-def buffers_table():
-    """Copy the buffers benchmark's printed summary (its markdown table)."""
-    text = (RESULTS / "buffers.txt").read_text().splitlines()
-    keep = [line for line in text if not line.startswith(("{", "compiled"))]
-    start = next(i for i, line in enumerate(keep) if line.strip())
-    (GENERATED / "buffers.md").write_text("\n".join(keep[start:]).strip() + "\n")
-
-
-def while_loop_tables():
-    """The gradient-time benchmark as two narrow tables: time ratios, then memory
-    and body evaluations for each `max_steps`."""
-    data = json.loads((RESULTS / "while_loop.json").read_text())
-    ideal, rows = data["ideal"], data["rows"]
-    sizes = sorted({r["max_steps"] for r in rows})
-    lines = [
-        f"Adaptive MLP, 8 steps taken, checkpoints={data['checkpoints']}; ratios "
-        f"within one run. The ideal, `lax.scan` over exactly the 8 steps: gradient "
-        f"{ideal['grad_x_s'] * 1e3:.2f} ms; `lax.while_loop` forward "
-        f"{data['lax_while_loop']['forward_s'] * 1e3:.2f} ms. OOM: the gradient "
-        "did not fit in memory. Gradient time, ratios (grad: with respect to `x`; "
-        "grad_w: with respect to the weights):",
-        "",
-        f"| loop | grad {sizes[-1]} / {sizes[0]} | grad / ideal @{sizes[0]} "
-        f"| grad / ideal @{sizes[-1]} | grad_w / ideal @{sizes[-1]} |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for s in data["summary"]:
-        lines.append(
-            f"| {s['kind']} | {s['grad_last_over_first']} | "
-            f"{s['grad_over_ideal_first']} | {s['grad_over_ideal_last']} | "
-            f"{s['gradw_over_ideal_last']} |"
-        )
-    lines += [
-        "",
-        "Forward (undifferentiated) time over `lax.while_loop`'s, and the gradient's "
-        "compile time, ratios:",
-        "",
-        f"| loop | forward / `lax.while_loop` @{sizes[-1]} "
-        f"| gradient compile time {sizes[-1]} / {sizes[0]} |",
-        "|---|---:|---:|",
-    ]
-    for s in data["summary"]:
-        lines.append(
-            f"| {s['kind']} | {s['forward_over_while_last']} | "
-            f"{s['compile_last_over_first']} |"
-        )
-    for title, key, fmt in [
-        ("Compiled temporary memory of the gradient", "grad_temp_bytes", nbytes),
-        (
-            "Body evaluations in one gradient (-: not run, out of memory)",
-            "body_evals_per_grad",
-            lambda v: "-" if v is None else str(v),
-        ),
-    ]:
-        lines += [
-            "",
-            f"{title}, by `max_steps`:",
-            "",
-            "| loop | " + " | ".join(str(m) for m in sizes) + " |",
-            "|---|" + "---:|" * len(sizes),
-        ]
-        for s in data["summary"]:
-            by_size = {r["max_steps"]: r for r in rows if r["kind"] == s["kind"]}
-            cells = " | ".join(fmt(by_size[m].get(key)) for m in sizes)
-            lines.append(f"| {s['kind']} | {cells} |")
-    (GENERATED / "while_loop.md").write_text("\n".join(lines) + "\n")
-
-
-def recomputation_table():
-    """The counts with their ratio to the optimum in one cell, so that the table
-    fits the page (`recomputation.markdown_table`, for the text file, has a column
-    per ratio)."""
-    rows = json.loads((RESULTS / "recomputation.json").read_text())
-
-    def cell(count, optimum):
-        return "not run" if count is None else f"{count} ({count / optimum:.3f})"
-
-    lines = [
-        "Body evaluations in one gradient, and in brackets their ratio to the optimum:",
-        "",
-        "| n | c | optimum | bl.while_loop | bl.scan | equinox checkpointed |",
-        "|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in sorted(rows, key=lambda r: (r["n"], r["c"])):
-        cells = " | ".join(
-            cell(r[k], r["optimum"]) for k in ("boundedloop", "scan", "equinox")
-        )
-        lines.append(f"| {r['n']} | {r['c']} | {r['optimum']} | {cells} |")
-    (GENERATED / "recomputation.md").write_text("\n".join(lines) + "\n")
 
 
 def gradient_time():
@@ -322,11 +222,7 @@ def diffrax_adjoints():
 
 if __name__ == "__main__":
     IMAGES.mkdir(parents=True, exist_ok=True)
-    GENERATED.mkdir(parents=True, exist_ok=True)
-    write_tables(GENERATED)
-    buffers_table()
-    while_loop_tables()
-    recomputation_table()
+    write_tables()
     gradient_time()
     recomputation()
     diffrax_adjoints()

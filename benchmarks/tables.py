@@ -1,22 +1,84 @@
-"""Tables the documentation computes from formulas rather than measures.
+"""Every table the documentation shows, written from `benchmarks/results/` (or, for
+the repetitions table, computed from a formula), without timing anything:
 
     python benchmarks/tables.py
 
-Writes `docs/generated/repetitions.md`, included by
-`docs/guides/choosing-checkpoints.md`: for `n` steps and `c` checkpoints, the
-smallest `r` with `binomial(c + r, r) >= n` (the binomial checkpointing bound: a
-gradient then recomputes fewer than `r n` steps). `benchmarks/plots.py` calls this
-too, so one command regenerates every generated page.
+writes one markdown file per entry of `GENERATORS` into `docs/generated/`; the docs
+pages include them with `--8<-- "docs/generated/<name>.md"`, and
+`tests/test_generated_docs.py` checks that the committed files equal what this
+writes, so a figure on a page cannot drift from its results file. Rerun a benchmark,
+then this script, then commit both. `benchmarks/plots.py` calls this too, so that
+one command redraws the pictures and rewrites the tables.
+
+The measurements are read from the `.json` files; the `.txt` file of the same run is
+read only for the workload's description where the `.json` does not record it (the
+checkpoint count of `buffers.py`, `max_steps` and the rounds of
+`diffrax_adjoint.py`).
 """
 
+import json
 import math
 import pathlib
+import re
 
 
-GENERATED = pathlib.Path(__file__).resolve().parent.parent / "docs" / "generated"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+GENERATED = ROOT / "docs" / "generated"
 
 STEPS = (10, 100, 1000, 10000, 100000)
 CHECKPOINTS = (2, 4, 8, 16, 32)
+
+
+def _json(name: str):
+    return json.loads((RESULTS / name).read_text())
+
+
+def _txt_field(name: str, pattern: str) -> str:
+    """The first group of `pattern` in `benchmarks/results/<name>`."""
+    match = re.search(pattern, (RESULTS / name).read_text())
+    if match is None:
+        raise ValueError(f"{pattern!r} not found in benchmarks/results/{name}")
+    return match.group(1)
+
+
+def nbytes(n) -> str:
+    """Bytes, readably (kB, MB, GB: powers of 1000)."""
+    if n is None:
+        return "-"
+    for unit, size in [("GB", 1e9), ("MB", 1e6), ("kB", 1e3)]:
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n} B"
+
+
+def _significant(v: float, figures: int = 3) -> str:
+    """`v` to `figures` significant figures, trailing zeros kept, no exponent."""
+    v = float(f"{v:.{figures}g}")
+    return f"{v:.{max(0, figures - 1 - math.floor(math.log10(abs(v))))}f}"
+
+
+def milliseconds(ms: float) -> str:
+    """A time given in milliseconds, to three significant figures, in ms below a
+    second and in s from there."""
+    if float(f"{ms:.3g}") >= 1000:
+        return f"{_significant(ms / 1000)} s"
+    return f"{_significant(ms)} ms"
+
+
+def _table(header, rows, align) -> list[str]:
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join(align) + "|",
+        *("| " + " | ".join(str(c) for c in row) + " |" for row in rows),
+    ]
+
+
+def _text(lines) -> str:
+    return "\n".join(lines) + "\n"
+
+
+# --- choosing checkpoints: a formula -------------------------------------------
 
 
 def repetitions(n: int, c: int) -> int:
@@ -28,22 +90,564 @@ def repetitions(n: int, c: int) -> int:
 
 
 def repetitions_table(steps=STEPS, checkpoints=CHECKPOINTS) -> str:
-    """Markdown: one row per number of steps `n`, one column per `c`."""
+    """For `n` steps and `c` checkpoints, the smallest `r` with
+    `binomial(c + r, r) >= n` (the binomial checkpointing bound: a gradient then
+    recomputes fewer than `r n` steps). One row per `n`, one column per `c`."""
+    return _text(
+        _table(
+            ["steps `n`", *(f"r for c = {c}" for c in checkpoints)],
+            [[n, *(repetitions(n, c) for c in checkpoints)] for n in steps],
+            ["---:"] * (len(checkpoints) + 1),
+        )
+    )
+
+
+# --- benchmarks/while_loop.py -------------------------------------------------
+
+# how `docs/why-boundedloop.md` names the loops of `while_loop.py`
+WHY_LOOP_NAMES = {
+    "boundedloop": "bl.while_loop",
+    "boundedloop (default checkpoints)": "bl.while_loop, default checkpoints",
+    "equinox checkpointed": "equinox checkpointed",
+    "equinox bounded": "equinox bounded",
+    "nested scan+cond": "nested lax.scan + lax.cond",
+    "fori_loop+cond": "lax.fori_loop + lax.cond",
+}
+
+
+def while_loop_table() -> str:
+    """The gradient-time benchmark as narrow tables: time ratios, then memory and
+    body evaluations for each `max_steps` (the performance page)."""
+    data = _json("while_loop.json")
+    ideal, rows = data["ideal"], data["rows"]
+    sizes = sorted({r["max_steps"] for r in rows})
     lines = [
-        "| steps `n` | " + " | ".join(f"r for c = {c}" for c in checkpoints) + " |",
-        "|---:|" + "---:|" * len(checkpoints),
+        f"Adaptive MLP, 8 steps taken, checkpoints={data['checkpoints']}; ratios "
+        f"within one run. The ideal, `lax.scan` over exactly the 8 steps: gradient "
+        f"{ideal['grad_x_s'] * 1e3:.2f} ms; `lax.while_loop` forward "
+        f"{data['lax_while_loop']['forward_s'] * 1e3:.2f} ms. OOM: the gradient "
+        "did not fit in memory. Gradient time, ratios (grad: with respect to `x`; "
+        "grad_w: with respect to the weights):",
+        "",
+        f"| loop | grad {sizes[-1]} / {sizes[0]} | grad / ideal @{sizes[0]} "
+        f"| grad / ideal @{sizes[-1]} | grad_w / ideal @{sizes[-1]} |",
+        "|---|---:|---:|---:|---:|",
     ]
-    for n in steps:
-        cells = " | ".join(str(repetitions(n, c)) for c in checkpoints)
-        lines.append(f"| {n} | {cells} |")
-    return "\n".join(lines) + "\n"
+    for s in data["summary"]:
+        lines.append(
+            f"| {s['kind']} | {s['grad_last_over_first']} | "
+            f"{s['grad_over_ideal_first']} | {s['grad_over_ideal_last']} | "
+            f"{s['gradw_over_ideal_last']} |"
+        )
+    lines += [
+        "",
+        "Forward (undifferentiated) time over `lax.while_loop`'s, and the gradient's "
+        "compile time, ratios:",
+        "",
+        f"| loop | forward / `lax.while_loop` @{sizes[-1]} "
+        f"| gradient compile time {sizes[-1]} / {sizes[0]} |",
+        "|---|---:|---:|",
+    ]
+    for s in data["summary"]:
+        lines.append(
+            f"| {s['kind']} | {s['forward_over_while_last']} | "
+            f"{s['compile_last_over_first']} |"
+        )
+    for title, key, fmt in [
+        ("Compiled temporary memory of the gradient", "grad_temp_bytes", nbytes),
+        (
+            "Body evaluations in one gradient (-: not run, out of memory)",
+            "body_evals_per_grad",
+            lambda v: "-" if v is None else str(v),
+        ),
+    ]:
+        lines += [
+            "",
+            f"{title}, by `max_steps`:",
+            "",
+            "| loop | " + " | ".join(str(m) for m in sizes) + " |",
+            "|---|" + "---:|" * len(sizes),
+        ]
+        for s in data["summary"]:
+            by_size = {r["max_steps"]: r for r in rows if r["kind"] == s["kind"]}
+            cells = " | ".join(fmt(by_size[m].get(key)) for m in sizes)
+            lines.append(f"| {s['kind']} | {cells} |")
+    return _text(lines)
 
 
-def write_tables(directory: pathlib.Path = GENERATED) -> None:
+def why_while_loop_table() -> str:
+    """The same benchmark, one row per loop: is the gradient flat in `max_steps`
+    (the why page)."""
+    data = _json("while_loop.json")
+    rows = data["rows"]
+    first, last = min(r["max_steps"] for r in rows), max(r["max_steps"] for r in rows)
+
+    def ratio(v):
+        return "out of memory" if v == "OOM" else v
+
+    out = []
+    for s in data["summary"]:
+        at_last = next(
+            r for r in rows if r["kind"] == s["kind"] and r["max_steps"] == last
+        )
+        out.append(
+            [
+                WHY_LOOP_NAMES[s["kind"]],
+                ratio(s["grad_last_over_first"]),
+                ratio(s["grad_over_ideal_last"]),
+                at_last["grad_temp_bytes"],
+            ]
+        )
+    return _text(
+        _table(
+            [
+                "loop",
+                f"gradient time, max_steps {last} / {first}",
+                f"gradient / ideal at {last}",
+                f"temp memory at {last} (bytes)",
+            ],
+            out,
+            ["---", "---:", "---:", "---:"],
+        )
+    )
+
+
+# --- benchmarks/recomputation.py ----------------------------------------------
+
+# the cells `docs/why-boundedloop.md` compares, as (steps n, checkpoints c)
+WHY_RECOMPUTATION_CELLS = ((10000, 4), (1000, 2), (1000, 4), (10000, 8), (10000, 16))
+
+
+def recomputation_table() -> str:
+    """Body evaluations per gradient, with their ratio to the optimum in one cell so
+    that the table fits the page (`recomputation.markdown_table`, for the text
+    file, has a column per ratio)."""
+    rows = _json("recomputation.json")
+
+    def cell(count, optimum):
+        return "not run" if count is None else f"{count} ({count / optimum:.3f})"
+
+    lines = [
+        "Body evaluations in one gradient, and in brackets their ratio to the optimum:",
+        "",
+        "| n | c | optimum | bl.while_loop | bl.scan | equinox checkpointed |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in sorted(rows, key=lambda r: (r["n"], r["c"])):
+        cells = " | ".join(
+            cell(r[k], r["optimum"]) for k in ("boundedloop", "scan", "equinox")
+        )
+        lines.append(f"| {r['n']} | {r['c']} | {r['optimum']} | {cells} |")
+    return _text(lines)
+
+
+def why_recomputation_table() -> str:
+    """The cells where the two checkpointed loops differ most, with equinox's
+    count over ours (the why page)."""
+    by_cell = {(r["n"], r["c"]): r for r in _json("recomputation.json")}
+    out = []
+    for n, c in WHY_RECOMPUTATION_CELLS:
+        r = by_cell[(n, c)]
+        theirs = r["equinox"]
+        out.append(
+            [
+                n,
+                c,
+                r["optimum"],
+                r["boundedloop"],
+                "not run" if theirs is None else theirs,
+                "-" if theirs is None else f"{theirs / r['boundedloop']:.3g}",
+            ]
+        )
+    return _text(
+        _table(
+            [
+                "steps n",
+                "checkpoints c",
+                "optimum",
+                "bl.while_loop",
+                "equinox checkpointed",
+                "equinox / ours",
+            ],
+            out,
+            ["---:"] * 6,
+        )
+    )
+
+
+# --- benchmarks/buffers.py ----------------------------------------------------
+
+
+def _buffers():
+    """The rows of `buffers.json` by kind and size, the sizes, and the caption."""
+    rows = _json("buffers.json")
+    sizes = sorted({r["rows"] for r in rows})
+    by = {(r["kind"], r["rows"]): r for r in rows}
+    kinds = list(dict.fromkeys(r["kind"] for r in rows))
+    width = rows[0]["buffer_bytes"] // (4 * rows[0]["rows"])
+    checkpoints = _txt_field("buffers.txt", r"checkpoints=(\d+)")
+    return by, kinds, sizes, width, checkpoints
+
+
+def buffers_table() -> str:
+    """Gradient time per step of a loop writing one row per step, with buffers and
+    with the array carried (the performance page)."""
+    by, kinds, sizes, width, checkpoints = _buffers()
+    first, last = sizes[0], sizes[-1]
+    out = []
+    for kind in kinds:
+        top = by[(kind, last)]
+        out.append(
+            [
+                kind,
+                *(f"{by[(kind, m)]['per_step_us']:.1f}" for m in sizes),
+                f"{top['per_step_us'] / by[(kind, first)]['per_step_us']:.2f}",
+                f"{top['temp_bytes'] / top['buffer_bytes']:.2f}",
+            ]
+        )
+    return _text(
+        [
+            f"Gradient of an M-step loop writing one row of an (M, {width}) float32 "
+            f"buffer per step, checkpoints={checkpoints}; ratios within this run.",
+            "",
+            *_table(
+                [
+                    "loop",
+                    *(f"us/step M={m}" for m in sizes),
+                    f"per-step {last}/{first}",
+                    f"temp memory / buffer size at M={last}",
+                ],
+                out,
+                ["---"] + ["---:"] * (len(sizes) + 2),
+            ),
+        ]
+    )
+
+
+# how `docs/why-boundedloop.md` names the loops of `buffers.py`, in its order
+WHY_BUFFER_NAMES = {
+    "boundedloop buffers": "bl.while_loop, buffers=",
+    "equinox buffers": "equinox checkpointed, buffers=",
+    "boundedloop carried": "bl.while_loop, array carried",
+    "equinox carried": "equinox checkpointed, array carried",
+}
+
+
+def _buffer_sizes(ours, theirs) -> str:
+    mine, other = (
+        round(r["temp_bytes"] / r["buffer_bytes"], 1) for r in (ours, theirs)
+    )
+    if mine == other:
+        return f"{mine:g} buffer sizes of temporary memory, as equinox's does"
+    return f"{mine:g} buffer sizes of temporary memory to equinox's {other:g}"
+
+
+def why_buffers_table() -> str:
+    """The buffers benchmark with ours and equinox's side by side, and the two
+    comparisons the why page draws from it."""
+    by, _, sizes, _, _ = _buffers()
+    last = sizes[-1]
+    out = []
+    for kind, name in WHY_BUFFER_NAMES.items():
+        top = by[(kind, last)]
+        out.append(
+            [
+                name,
+                *(f"{by[(kind, m)]['per_step_us']:.1f}" for m in sizes),
+                f"{top['temp_bytes'] / top['buffer_bytes']:.2f}",
+            ]
+        )
+    lines = _table(
+        [
+            "loop",
+            f"us/step, M = {sizes[0]}",
+            *(f"M = {m}" for m in sizes[1:]),
+            f"temp memory / buffer size, M = {last}",
+        ],
+        out,
+        ["---"] + ["---:"] * (len(sizes) + 1),
+    )
+    lines.append("")
+    for how, what in [("buffers", "With buffers"), ("carried", "Carrying the array")]:
+        ours, theirs = by[(f"boundedloop {how}", last)], by[(f"equinox {how}", last)]
+        lines.append(
+            f"- {what}, at `M = {last}` ours takes "
+            f"{ours['per_step_us'] / theirs['per_step_us']:.2f} times equinox's time "
+            f"per step ({ours['per_step_us']:.1f} us against "
+            f"{theirs['per_step_us']:.1f}; {milliseconds(ours['grad_s'] * 1e3)} "
+            f"against {milliseconds(theirs['grad_s'] * 1e3)} for the whole "
+            f"gradient) and holds {_buffer_sizes(ours, theirs)}."
+        )
+    return _text(lines)
+
+
+# --- benchmarks/cheap_steps.py and forward_mode.py ------------------------------
+
+
+def cheap_steps_table() -> str:
+    """Many cheap steps: gradient time of ours, equinox's, ours storing every step
+    and the ideal scan, for each `n` (the why page)."""
+    data = _json("cheap_steps.json")
+    c = data["checkpoints"]
+    by = {(r["kind"], r["n"]): r for r in data["rows"]}
+    ns = sorted({r["n"] for r in data["rows"]})
+    out = []
+    for n in ns:
+        ours = by[(f"boundedloop checkpoints={c}", n)]
+        theirs = by[(f"equinox checkpointed checkpoints={c}", n)]
+        every = by[("boundedloop store all", n)]
+        ideal = by[("lax.scan (ideal)", n)]
+        out.append(
+            [
+                n,
+                f"{milliseconds(ours['grad_s'] * 1e3)} "
+                f"({ours['grad_over_ideal']:.2f}x ideal)",
+                f"{milliseconds(theirs['grad_s'] * 1e3)} "
+                f"({theirs['grad_over_ideal']:.3g}x)",
+                f"{theirs['grad_s'] / ours['grad_s']:.2g}",
+                f"{milliseconds(every['grad_s'] * 1e3)} "
+                f"({every['grad_over_ideal']:.2f}x)",
+                milliseconds(ideal["grad_s"] * 1e3),
+            ]
+        )
+    return _text(
+        _table(
+            [
+                "n",
+                "bl.while_loop",
+                "equinox checkpointed",
+                "equinox / ours",
+                "bl.while_loop storing every step",
+                "ideal `lax.scan`",
+            ],
+            out,
+            ["---:"] * 6,
+        )
+    )
+
+
+def forward_mode_table() -> str:
+    """Forward-mode time over `lax.while_loop`'s JVP, for each `n` (the why
+    page)."""
+    rows = _json("forward_mode.json")["rows"]
+    by = {(r["kind"], r["mode"], r["n"]): r for r in rows}
+    ns = sorted({r["n"] for r in rows})
+    kinds = [k for k in dict.fromkeys(r["kind"] for r in rows) if k != "lax.while_loop"]
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    out = [
+        [
+            f"`jax.{mode}`",
+            kind.replace("boundedloop", "bl.while_loop,").replace(
+                "store all", "storing every step"
+            ),
+            *(f"{by[(kind, mode, n)]['over_reference']:.2f}" for n in ns),
+        ]
+        for mode in modes
+        for kind in kinds
+    ]
+    return _text(
+        _table(
+            ["mode", "loop", *(f"time / `lax.while_loop`'s, n = {n}" for n in ns)],
+            out,
+            ["---", "---"] + ["---:"] * len(ns),
+        )
+    )
+
+
+# --- benchmarks/diffrax_adjoint.py --------------------------------------------
+
+DIFFRAX_WORKLOADS = ("neural", "long", "wide")
+# diffrax's own adjoint for each mode: the ratios are to its time
+DIFFRAX_BASE = {
+    "grad": "RecursiveCheckpointAdjoint()",
+    "jvp": "ForwardMode()",
+    "jacfwd": "ForwardMode()",
+}
+DIFFRAX_MODES = ("grad", "jvp", "jacfwd")
+
+
+def _diffrax(workload: str):
+    """The rows of one workload (by (mode, adjoint)), its steps, `max_steps` and
+    rounds."""
+    name = f"diffrax_adjoint_{workload}"
+    run = _json(f"{name}.json")
+    max_steps = int(_txt_field(f"{name}.txt", r"steps taken, max_steps=(\d+)"))
+    rounds = int(_txt_field(f"{name}.txt", r"medians of (\d+) interleaved rounds"))
+    rows = {(r["mode"], r["adjoint"]): r for r in run["rows"]}
+    return rows, run["steps"], max_steps, rounds
+
+
+def _diffrax_adjoint_name(adjoint: str, max_steps: int) -> str:
+    if adjoint == "CheckpointedAdjoint(store all)":
+        return f"`CheckpointedAdjoint({max_steps})` (every step)"
+    return f"`{adjoint}`"
+
+
+def diffrax_table(workload: str) -> str:
+    """One workload of the diffrax benchmark: each mode and adjoint, its time and
+    its ratios to diffrax's adjoint for the mode (the diffrax guide)."""
+    rows, steps, max_steps, rounds = _diffrax(workload)
+    ordered = sorted(rows.values(), key=lambda r: DIFFRAX_MODES.index(r["mode"]))
+    out = []
+    for r in ordered:
+        base = rows[(r["mode"], DIFFRAX_BASE[r["mode"]])]
+        compile_s = r["trace_lower_s"] + r["compile_s"]
+        out.append(
+            [
+                f"`jax.{r['mode']}`",
+                _diffrax_adjoint_name(r["adjoint"], max_steps),
+                milliseconds(r["ms"]),
+                f"{r['ms'] / base['ms']:.2f}",
+                f"{compile_s / (base['trace_lower_s'] + base['compile_s']):.2f}",
+                nbytes(r["temp_bytes"]),
+            ]
+        )
+    ours, theirs = (
+        rows[("grad", "CheckpointedAdjoint(16)")],
+        rows[("grad", "RecursiveCheckpointAdjoint(16)")],
+    )
+    return _text(
+        [
+            f"{steps} steps of `max_steps={max_steps}`; medians of {rounds} "
+            f"interleaved rounds (`benchmarks/results/diffrax_adjoint_{workload}.json`):",
+            "",
+            *_table(
+                [
+                    "mode",
+                    "adjoint",
+                    "time",
+                    "ratio",
+                    "trace + compile ratio",
+                    "temp memory",
+                ],
+                out,
+                ["---", "---", "---:", "---:", "---:", "---:"],
+            ),
+            "",
+            "At the same checkpoint count, `CheckpointedAdjoint(16)` takes "
+            f"{ours['ms'] / theirs['ms']:.2f} times `RecursiveCheckpointAdjoint(16)`'s "
+            f"time ({milliseconds(ours['ms'])} against {milliseconds(theirs['ms'])}).",
+        ]
+    )
+
+
+def diffrax_summary_table() -> str:
+    """Every workload of the diffrax benchmark in one table of ratios (the why
+    page)."""
+
+    def ratio(rows, mode, ours, theirs):
+        if (mode, ours) not in rows or (mode, theirs) not in rows:
+            return "-"
+        return f"{rows[(mode, ours)]['ms'] / rows[(mode, theirs)]['ms']:.2f}"
+
+    out = []
+    for workload in DIFFRAX_WORKLOADS:
+        rows, steps, _, _ = _diffrax(workload)
+        rca = "RecursiveCheckpointAdjoint()"
+        out.append(
+            [
+                workload,
+                steps,
+                ratio(rows, "grad", "CheckpointedAdjoint()", rca),
+                ratio(
+                    rows,
+                    "grad",
+                    "CheckpointedAdjoint(16)",
+                    "RecursiveCheckpointAdjoint(16)",
+                ),
+                ratio(rows, "grad", "CheckpointedAdjoint(store all)", rca),
+                ratio(rows, "jvp", "CheckpointedAdjoint()", "ForwardMode()"),
+                ratio(rows, "jacfwd", "CheckpointedAdjoint()", "ForwardMode()"),
+            ]
+        )
+    return _text(
+        _table(
+            [
+                "workload",
+                "steps",
+                "`jax.grad`, defaults",
+                "`jax.grad`, 16 checkpoints each",
+                "`jax.grad`, storing every step",
+                "`jax.jvp`",
+                "`jax.jacfwd`",
+            ],
+            out,
+            ["---", "---:", "---:", "---:", "---:", "---:", "---:"],
+        )
+    )
+
+
+def diffrax_suite_table() -> str:
+    """diffrax's own test files with each adjoint: how many of each file's tests
+    passed, and every test that did not (the diffrax guide)."""
+    rows = _json("diffrax_suite.json")
+    files = list(dict.fromkeys(r["test"].split("::")[0] for r in rows))
+    out = []
+    for f in files:
+        mine = [r for r in rows if r["test"].split("::")[0] == f]
+        out.append(
+            [
+                f"`{f.rsplit('/', 1)[-1]}`",
+                len(mine),
+                *(
+                    sum(r[who]["outcome"] == "passed" for r in mine)
+                    for who in ("default", "ours")
+                ),
+            ]
+        )
+    lines = _table(
+        ["file", "tests", "passed, diffrax's adjoint", "passed, `CheckpointedAdjoint`"],
+        out,
+        ["---", "---:", "---:", "---:"],
+    )
+    failed = [
+        r
+        for r in rows
+        if "passed" not in (r["default"]["outcome"], r["ours"]["outcome"])
+        or r["default"]["outcome"] != r["ours"]["outcome"]
+    ]
+    if failed:
+        lines += ["", "Not passed:", ""]
+        lines += [
+            f"- `{r['test'].split('::')[1]}`: {r['default']['outcome']} with "
+            f"diffrax's adjoint, {r['ours']['outcome']} with `CheckpointedAdjoint`"
+            for r in failed
+        ]
+    return _text(lines)
+
+
+# --- all of them ----------------------------------------------------------------
+
+# docs/generated/<name>.md for each name
+GENERATORS = {
+    "repetitions": repetitions_table,
+    "while_loop": while_loop_table,
+    "why_while_loop": why_while_loop_table,
+    "recomputation": recomputation_table,
+    "why_recomputation": why_recomputation_table,
+    "buffers": buffers_table,
+    "why_buffers": why_buffers_table,
+    "cheap_steps": cheap_steps_table,
+    "forward_mode": forward_mode_table,
+    "diffrax_neural": lambda: diffrax_table("neural"),
+    "diffrax_long": lambda: diffrax_table("long"),
+    "diffrax_wide": lambda: diffrax_table("wide"),
+    "diffrax_summary": diffrax_summary_table,
+    "diffrax_suite": diffrax_suite_table,
+}
+
+
+def write_tables(directory: pathlib.Path = GENERATED) -> list[pathlib.Path]:
+    """Write every generated page into `directory`; returns their paths."""
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "repetitions.md").write_text(repetitions_table())
+    written = []
+    for name, generate in GENERATORS.items():
+        path = directory / f"{name}.md"
+        path.write_text(generate())
+        written.append(path)
+    return written
 
 
 if __name__ == "__main__":
-    write_tables()
-    print(f"wrote {GENERATED / 'repetitions.md'}")
+    for path in write_tables():
+        print(f"wrote {path.relative_to(ROOT)}")
