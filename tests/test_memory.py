@@ -3,8 +3,6 @@ independent of `max_steps`, and a long loop's gradient runs to completion."""
 
 import importlib.util
 import pathlib
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -73,13 +71,10 @@ def test_long_gradient_in_a_loop_bounded_far_beyond():
 
 
 def test_100000_step_gradient():
-    """Run in a subprocess, stopped after 20 s (a linear-cost gradient takes well
-    under a second here, plus a few seconds to start and compile)."""
-    result = subprocess.run(
-        [sys.executable, str(SCRIPTS / "long_gradient.py"), "100000", "100000"],
-        capture_output=True,
-        text=True,
-        timeout=20,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "gradient of 100000 steps" in result.stdout
+    """100000 steps bounded at 100000: finite, equal to `lax.scan`'s gradient. No
+    wall-clock limit here (a busy machine would make it flaky): the cost is checked
+    structurally, by `test_structure.py` (the loop's body evaluations follow the
+    schedule, with the table and with the in-loop rule) and `test_schedule.py` (the
+    schedule's evaluations near the optimum up to 3 * 10**5 steps); the time is
+    measured by `benchmarks/long_loop.py`."""
+    long_gradient.run(100_000, 100_000)
