@@ -20,9 +20,9 @@ import jax
 import jax.extend.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
-from jax._src import core as jax_core, dtypes as jax_dtypes
 
 from ._indexing import get, Index, make_index, overlay, put, SUPPORTED
+from ._jax_private import pytype_aval_mappings, register_canonicalize_value_handler
 
 
 @jax.custom_jvp
@@ -238,8 +238,8 @@ def _not_a_jax_value(buffer: Buffer):
 
 # Without these JAX only sees that `Buffer` defines `__jax_array__`, and says that
 # `__jax_array__` is no longer supported.
-jax_core.pytype_aval_mappings[Buffer] = _not_a_jax_value
-jax_dtypes.register_canonicalize_value_handler(Buffer, _not_a_jax_value)
+pytype_aval_mappings[Buffer] = _not_a_jax_value
+register_canonicalize_value_handler(Buffer, _not_a_jax_value)
 
 
 for _op in "add sub mul truediv floordiv mod pow matmul and or xor lt le gt ge".split():

@@ -38,26 +38,17 @@ import jax.extend.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax import lax
-from jax._src import config as jax_config, sharding_impls
 from jax.interpreters import ad, batching, mlir
 
 from ._batching import any_across_batch
+from ._jax_private import ShardingContext, SPMDAxisContext
 from ._shard_map import vary
 
 
-def _traced_switch(name: str, help: str):
-    """A boolean JAX configuration state keyed into traces and jit caches."""
-    existing = jax_config.config_states.get(name)
-    if existing is not None:  # this module imported twice (e.g. two revisions)
-        return existing
-    return jax_config.bool_state(
-        name, False, help, include_in_jit_key=True, include_in_trace_context=True
-    )
-
-
-_buffer_checks = _traced_switch(
-    "boundedloop_buffer_checks", "Check the buffer rules of boundedloop's loops."
-)
+# switches in the jit cache key and trace context: a function traced with a check
+# on is traced again with it off, so entering the block before or after the first
+# call makes no difference
+_buffer_checks = jax.make_user_context(default_value=False)
 
 
 @contextlib.contextmanager
@@ -132,10 +123,7 @@ UNWRITTEN_READ = (
 )
 
 
-_max_steps_checks = _traced_switch(
-    "boundedloop_max_steps_check",
-    "Raise when a boundedloop loop stops because it reached max_steps.",
-)
+_max_steps_checks = jax.make_user_context(default_value=False)
 
 
 @contextlib.contextmanager
@@ -330,13 +318,13 @@ def _error_if(flag, *leaves, msg):
 
 def _lowering(ctx, flag, *leaves, msg, switch):
     context = ctx.module_context.axis_context
-    partitioned = isinstance(context, sharding_impls.SPMDAxisContext) or (
-        isinstance(context, sharding_impls.ShardingContext) and context.num_devices > 1
+    partitioned = isinstance(context, SPMDAxisContext) or (
+        isinstance(context, ShardingContext) and context.num_devices > 1
     )
     # partitioned callbacks exist on CPU and GPU; TPUs do not raise from callbacks
     platforms = ctx.module_context.platforms
     if partitioned and all(p in ("cpu", "cuda", "rocm") for p in platforms):
-        if isinstance(context, sharding_impls.SPMDAxisContext):
+        if isinstance(context, SPMDAxisContext):
             auto = set(context.mesh.axis_names) - set(context.manual_axes)
             if auto:  # caught when traced, unless traced outside the `shard_map`
                 raise ValueError(_partial_auto_error(switch, auto))

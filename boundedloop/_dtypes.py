@@ -17,7 +17,8 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src.lax import lax as lax_internal
+
+from ._jax_private import weakly_typed
 
 
 def is_extended(dtype) -> bool:
@@ -44,7 +45,7 @@ def strong(x):
 def weak(x):
     """`x` as a weakly typed array of the same dtype."""
     # the public `convert_element_type` always returns a strongly typed array
-    return lax_internal._convert_element_type(x, np.dtype(x.dtype), weak_type=True)
+    return weakly_typed(x)
 
 
 def promote_weak_inputs(inputs: Sequence, outputs: Sequence) -> tuple[list, bool]:

@@ -12,7 +12,7 @@ Each sweep is a named scope (`boundedloop_forward`, ...), so jaxprs and profiles
 show which phase a loop is.
 """
 
-from typing import Any, NamedTuple, TYPE_CHECKING
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,11 +30,7 @@ from ._shard_map import varying_while_loop
 from ._step import advance
 from ._store_rules import store_rule
 from ._tape import Tape
-from ._trace import TracedLoop
-
-
-if TYPE_CHECKING:
-    from ._autodiff import LoopConfig
+from ._trace import LoopConfig, TracedLoop
 
 
 def _within(step, max_steps):
@@ -66,7 +62,7 @@ def _active(loop, x, bufs, written):
     return select_if_batched(going, jnp.logical_or(going, True), going)
 
 
-def _finish(loop: TracedLoop, config: "LoopConfig", tree):
+def _finish(loop: TracedLoop, config: LoopConfig, tree):
     """`tree`, with `bl.max_steps_check`'s error attached when it is on."""
     if config.stop_check is None:
         return tree
@@ -78,7 +74,7 @@ def _body(loop: TracedLoop):
 
 
 @jax.named_scope("boundedloop_forward")
-def plain_sweep(loop: TracedLoop, config: "LoopConfig"):
+def plain_sweep(loop: TracedLoop, config: LoopConfig):
     """As `lax.while_loop(cond, body, init)`, stopping after `max_steps` steps.
 
     **Returns:**
@@ -198,7 +194,7 @@ def _stepping(loop: TracedLoop, body, max_steps, meter):
 
 
 @jax.named_scope("boundedloop_checkpointed_forward")
-def checkpointed_sweep(loop: TracedLoop, config: "LoopConfig", perturbed=None):
+def checkpointed_sweep(loop: TracedLoop, config: LoopConfig, perturbed=None):
     """The forward sweep of a differentiated loop: `plain_sweep`, storing the
     checkpoints where `_store_rules.store_rule` says.
 

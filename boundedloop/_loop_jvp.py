@@ -9,7 +9,7 @@ for `lax.while_loop`:
   together, nothing stored. This is the primitive's implementation and lowering.
 - **two passes**, when the JVP is partially evaluated with the tangents unknown
   (`jax.linearize`, and so `jax.grad`, `jax.vjp`, `jax.jacrev` and `jax.hessian`):
-  the checkpointed sweep now, and later the tangent as `_tangent.loop_tangent` over
+  the checkpointed sweep now, and later the tangent as `_loop_tangent.loop_tangent` over
   its tape, which reverse mode transposes into the reverse sweep. The primitive's
   partial-evaluation rules (one for `jax.linearize`'s tracer, one for jaxprs, as under
   `jax.checkpoint`) trace this function in its place.
@@ -31,17 +31,21 @@ import jax
 import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
-from jax._src import api_util, core as jax_core, linear_util as lu
-from jax._src.interpreters import (
-    ad as ad_internal,
-    batching as batching_internal,
-    partial_eval as pe,
-)
-from jax.custom_derivatives import SymbolicZero
 from jax.dtypes import float0
 from jax.interpreters import ad, batching, mlir
 
-from ._tangent import loop_tangent, THIRD_ORDER_REVERSE
+from ._jax_private import (
+    batch_jaxpr,
+    closed_call_p,
+    closed_jaxpr,
+    custom_partial_eval_rules,
+    fancy_primitive_batchers,
+    mapped_aval,
+    partial_eval_jaxpr_custom_rules,
+    set_current_trace,
+    Tracer,
+)
+from ._loop_tangent import loop_tangent, THIRD_ORDER_REVERSE
 
 
 loop_jvp_p = jax.extend.core.Primitive("boundedloop_loop_jvp")
@@ -56,7 +60,7 @@ class Passes(NamedTuple):
 
     `primal`, `primals -> outputs`, is the function the JVP is the JVP of (the
     custom JVP's primal). Under `vmap` the outputs must be batched exactly as its
-    outputs are (see `_batch`); `None` where no custom JVP constrains them."""
+    outputs are (see `_loop_jvp_batch`); `None` where no custom JVP constrains them."""
 
     one_pass: Callable
     two_pass: Callable
@@ -76,7 +80,7 @@ class Spec(NamedTuple):
     out_avals: tuple
     effects: frozenset
     # per tangent operand, the primal it is the tangent of; per output tangent, the
-    # output it is the tangent of (`None`: not known, see `_batch`)
+    # output it is the tangent of (`None`: not known, see `_loop_jvp_batch`)
     tangent_inputs: tuple[int, ...] | None = None
     tangent_outputs: tuple[int, ...] | None = None
 
@@ -97,13 +101,13 @@ def loop_jvp(primals: list, tangents: list, spec: Spec) -> list:
     return loop_jvp_p.bind(*primals, *tangents, spec=spec)
 
 
-def _impl(*args, spec):
+def _loop_jvp_impl(*args, spec):
     return spec.passes.one_pass(
         list(args[: spec.n_primals]), list(args[spec.n_primals :])
     )
 
 
-def _abstract_eval(*args, spec):
+def _loop_jvp_abstract_eval(*args, spec):
     del args
     return list(spec.out_avals), spec.effects
 
@@ -112,7 +116,7 @@ def _tangent_unknown(unknown, spec) -> bool:
     return any(unknown[spec.n_primals :])
 
 
-def _partial_eval(trace, *tracers, spec):
+def _loop_jvp_partial_eval(trace, *tracers, spec):
     """`jax.linearize`'s rule: two passes when a tangent is unknown."""
     if not _tangent_unknown([not t.pval.is_known() for t in tracers], spec):
         return trace.default_process_primitive(loop_jvp_p, tracers, dict(spec=spec))
@@ -126,9 +130,9 @@ def _partial_eval(trace, *tracers, spec):
         # splits its body even when nothing is unknown), which took a fifth of
         # the gradient's trace time
         out, tangent = spec.passes.staged(known)
-        with jax_core.set_current_trace(trace):
+        with set_current_trace(trace):
             return [trace.new_const(x) for x in out] + tangent(list(tangents))
-    with jax_core.set_current_trace(trace):
+    with set_current_trace(trace):
         return spec.passes.two_pass(list(primals), list(tangents))
 
 
@@ -138,10 +142,7 @@ def _known_values(tracers) -> list | None:
     if not all(t.pval.is_known() for t in tracers):
         return None
     known = [t.pval.get_known() for t in tracers]
-    known = [
-        k if isinstance(k, (jax.Array, jax_core.Tracer)) else jnp.asarray(k)
-        for k in known
-    ]
+    known = [k if isinstance(k, (jax.Array, Tracer)) else jnp.asarray(k) for k in known]
     if any(jax.typeof(k) != t.aval for k, t in zip(known, tracers)):
         return None
     return known
@@ -155,31 +156,28 @@ def _as_closed_call(eqn, fn):
     def flat(*args):
         return fn(list(args[:n_primals]), list(args[n_primals:]))
 
-    debug = api_util.debug_info("boundedloop_loop_jvp", flat, tuple(avals), {})
-    wrapped = lu.wrap_init(flat, debug_info=debug)
-    jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(wrapped, avals)
-    closed = jax_core.ClosedJaxpr(jaxpr, consts)
+    closed = closed_jaxpr(flat, avals, "boundedloop_loop_jvp")
     return eqn.replace(
-        primitive=jax_core.closed_call_p,
+        primitive=closed_call_p,
         params=dict(call_jaxpr=closed),
         effects=closed.effects,
     )
 
 
-def _partial_eval_custom(saveable, unks_in, inst_in, eqn):
+def _loop_jvp_partial_eval_custom(saveable, unks_in, inst_in, eqn):
     """The jaxpr rule (`jax.checkpoint`, partial evaluation of a staged jaxpr): the
-    pass `_partial_eval` would pick, as a call that JAX splits further."""
+    pass `_loop_jvp_partial_eval` would pick, as a call that JAX splits further."""
     spec = eqn.params["spec"]
     pick = (
         spec.passes.two_pass
         if _tangent_unknown(unks_in, spec)
         else spec.passes.one_pass
     )
-    rule = pe.partial_eval_jaxpr_custom_rules[jax_core.closed_call_p]
+    rule = partial_eval_jaxpr_custom_rules[closed_call_p]
     return rule(saveable, unks_in, inst_in, _as_closed_call(eqn, pick))
 
 
-def _inexact(aval) -> bool:
+def is_inexact(aval) -> bool:
     return jnp.issubdtype(aval.dtype, jnp.inexact)
 
 
@@ -197,7 +195,7 @@ def _lift(fn, spec: Spec, nonzero):
 
         moving = [primals[k] for k in where]
         out, t_out = jax.jvp(at, (moving,), (list(tangents),))
-        return list(out) + [t for a, t in zip(spec.out_avals, t_out) if _inexact(a)]
+        return list(out) + [t for a, t in zip(spec.out_avals, t_out) if is_inexact(a)]
 
     return lifted
 
@@ -210,7 +208,7 @@ def _transposable_lift(lifted_one_pass, spec: Spec, nonzero):
     where = [k for k, nz in enumerate(nonzero) if nz]
     n_args = len(nonzero)
     n_out = len(spec.out_avals)
-    inexact = [_inexact(a) for a in spec.out_avals]
+    inexact = [is_inexact(a) for a in spec.out_avals]
     t_avals = tuple(a.to_tangent_aval() for a, f in zip(spec.out_avals, inexact) if f)
 
     def two_pass(primals, tangents):
@@ -257,103 +255,9 @@ def _zeros(aval):
     )
 
 
-def linearizable(
-    fn: Callable, two_pass: Callable | None, effects: frozenset
-) -> Callable:
-    """`fn` (a flat list of arrays to a flat list of arrays) behind a custom JVP that
-    JAX evaluates in one pass (`jax.jvp` of `fn`) and linearizes in two:
-    `two_pass(primals, where, tangents, with_tangent)`, `where` the positions of the
-    perturbed primals, returns the outputs and the tangents of those marked in
-    `with_tangent` (the inexact ones that depend on a perturbed primal), the tangents
-    typically a `loop_tangent` whose transpose is written by hand. This is how the
-    loop's own sweeps stay differentiable when an outer reverse pass differentiates
-    a gradient (see `_autodiff`). With `two_pass=None` the linearized tangent
-    cannot be transposed: that raises a clear error (a third reverse pass).
-
-    It is one function (with its JVP rule inside) because the rule closes over
-    `fn` and `two_pass`: split, each piece would need them passed along."""
-
-    @jax.custom_jvp
-    def wrapped(*leaves):
-        return fn(list(leaves))
-
-    def jvp_rule(primals, tangents):
-        primals = list(primals)
-        where = [
-            k
-            for k, (p, t) in enumerate(zip(primals, tangents))
-            if type(t) is not SymbolicZero and _inexact(jax.typeof(p))
-        ]
-        # the outputs that depend on a perturbed primal get tangents, the others a
-        # symbolic zero (a zero array would reach `nondifferentiable` leaves)
-        jaxpr = _closed_jaxpr(lambda *a: fn(list(a)), [jax.typeof(p) for p in primals])
-        out_avals = list(jaxpr.out_avals)
-        chosen = set(where)
-        nonzeros = [k in chosen for k in range(len(primals))]
-        _, out_nonzero = ad_internal.jvp_jaxpr(jaxpr, nonzeros, instantiate=False)
-        inexact = [_inexact(a) and nz for a, nz in zip(out_avals, out_nonzero)]
-        t_avals = tuple(a.to_tangent_aval() for a, f in zip(out_avals, inexact) if f)
-        if not where:
-            outs = wrapped(*primals)
-            return outs, [SymbolicZero(a.to_tangent_aval()) for a in out_avals]
-
-        def one_pass(ps, ts):
-            def at(moving):
-                args = list(ps)
-                for k, m in zip(where, moving):
-                    args[k] = m
-                return fn(args)
-
-            out, t_out = jax.jvp(at, ([ps[k] for k in where],), (list(ts),))
-            return list(out) + [t for t, f in zip(t_out, inexact) if f]
-
-        if two_pass is None:
-
-            def linearized(ps, ts):
-                def jvp_fn(res, lin):
-                    return one_pass(res, lin)[len(out_avals) :]
-
-                def vjp_fn(res, cts):
-                    raise RuntimeError(THIRD_ORDER_REVERSE)
-
-                t_out = loop_tangent(
-                    list(ps),
-                    list(ts),
-                    jvp_fn=jvp_fn,
-                    vjp_fn=vjp_fn,
-                    out_avals=t_avals,
-                    loop_effects=effects,
-                )
-                return list(fn(list(ps))) + list(t_out)
-
-        else:
-
-            def linearized(ps, ts):
-                return two_pass(ps, where, ts, inexact)
-
-        spec = Spec(
-            Passes(one_pass, linearized, primal=fn),
-            n_primals=len(primals),
-            n_outputs=len(out_avals),
-            out_avals=tuple(out_avals) + t_avals,
-            effects=effects,
-            tangent_inputs=tuple(where),
-            tangent_outputs=tuple(k for k, f in enumerate(inexact) if f),
-        )
-        results = loop_jvp(primals, [tangents[k] for k in where], spec)
-        outs, t_out = results[: len(out_avals)], iter(results[len(out_avals) :])
-        return outs, [
-            next(t_out) if f else SymbolicZero(a.to_tangent_aval())
-            for a, f in zip(out_avals, inexact)
-        ]
-
-    wrapped.defjvp(jvp_rule, symbolic_zeros=True)
-    return wrapped
-
-
-def _jvp(primals, tangents, *, spec):
+def _loop_jvp_jvp(primals, tangents, *, spec):
     nonzero = [type(t) is not ad.Zero for t in tangents]
-    inexact = [_inexact(a) for a in spec.out_avals]
+    inexact = [is_inexact(a) for a in spec.out_avals]
     n_out = len(spec.out_avals)
     if not any(nonzero):
         out = loop_jvp_p.bind(*primals, spec=spec)
@@ -416,25 +320,15 @@ def _out_batched(axis_data, spec: Spec, args, axes) -> list[bool]:
 def _primal_batched(axis_data, primal, args, axes) -> list[bool]:
     """Which of `primal`'s outputs `vmap` batches, found by batching its jaxpr."""
     primal_avals = [
-        jax_core.typeof(a)
-        if ax is None
-        else jax_core.mapped_aval(axis_data.size, 0, jax_core.typeof(a))
+        jax.typeof(a) if ax is None else mapped_aval(axis_data.size, 0, jax.typeof(a))
         for a, ax in zip(args, axes)
     ]
-    jaxpr = _closed_jaxpr(lambda *a: primal(list(a)), primal_avals)
+    jaxpr = closed_jaxpr(
+        lambda *a: primal(list(a)), primal_avals, "boundedloop_loop_jvp"
+    )
     in_batched = [ax is not None for ax in axes[: len(args)]]
-    _, out_batched = batching_internal.batch_jaxpr(
-        jaxpr, axis_data, in_batched, instantiate=False
-    )
+    _, out_batched = batch_jaxpr(jaxpr, axis_data, in_batched, instantiate=False)
     return list(out_batched)
-
-
-def _closed_jaxpr(fn, avals) -> jax_core.ClosedJaxpr:
-    debug = api_util.debug_info("boundedloop_loop_jvp", fn, tuple(avals), {})
-    jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(
-        lu.wrap_init(fn, debug_info=debug), avals
-    )
-    return jax_core.ClosedJaxpr(jaxpr, consts)
 
 
 def _batched_reverse_of_jvp(reverse_of_jvp, in_axes, out_axes, size):
@@ -468,7 +362,7 @@ def _sum_if_unbatched(ct, axis):
     return jnp.sum(ct, axis=0)
 
 
-def _batch(axis_data, args, dims, *, spec):
+def _loop_jvp_batch(axis_data, args, dims, *, spec):
     if all(d is None for d in dims):  # JAX calls this rule even then
         return loop_jvp_p.bind(*args, spec=spec), [None] * len(spec.out_avals)
     size = axis_data.size
@@ -519,10 +413,12 @@ def _batch(axis_data, args, dims, *, spec):
     return loop_jvp_p.bind(*args, spec=batched_spec), out_axes
 
 
-loop_jvp_p.def_impl(_impl)
-loop_jvp_p.def_effectful_abstract_eval(_abstract_eval)
-mlir.register_lowering(loop_jvp_p, mlir.lower_fun(_impl, multiple_results=True))
-ad.primitive_jvps[loop_jvp_p] = _jvp
-batching_internal.fancy_primitive_batchers[loop_jvp_p] = _batch
-pe.custom_partial_eval_rules[loop_jvp_p] = _partial_eval
-pe.partial_eval_jaxpr_custom_rules[loop_jvp_p] = _partial_eval_custom
+loop_jvp_p.def_impl(_loop_jvp_impl)
+loop_jvp_p.def_effectful_abstract_eval(_loop_jvp_abstract_eval)
+mlir.register_lowering(
+    loop_jvp_p, mlir.lower_fun(_loop_jvp_impl, multiple_results=True)
+)
+ad.primitive_jvps[loop_jvp_p] = _loop_jvp_jvp
+fancy_primitive_batchers[loop_jvp_p] = _loop_jvp_batch
+custom_partial_eval_rules[loop_jvp_p] = _loop_jvp_partial_eval
+partial_eval_jaxpr_custom_rules[loop_jvp_p] = _loop_jvp_partial_eval_custom

@@ -8,7 +8,7 @@ variable or a step-size controller that does not depend on what is differentiate
 `equinox.internal.nondifferentiable`) is never given one, and the reverse sweep does
 no work for it.
 
-Dependence is read off the body's JVP with symbolic zeros (`ad.jvp_jaxpr`, as
+Dependence is read off the body's JVP with symbolic zeros (`jvp_jaxpr`, as
 `lax.while_loop` does), so `stop_gradient` and custom JVP rules are respected.
 """
 
@@ -17,9 +17,9 @@ from typing import NamedTuple
 import jax.extend.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
-from jax._src.interpreters import ad, partial_eval as pe
 
 from ._closure import ClosureConverted
+from ._jax_private import convert_constvars_jaxpr, dce_jaxpr, jvp_jaxpr
 from ._trace import Layout
 
 
@@ -46,7 +46,7 @@ def perturbed_leaves(
     - `initial`: the leaves whose initial values are perturbed.
     - `layout`: the carry's `Layout`.
     """
-    jaxpr = pe.convert_constvars_jaxpr(body.jaxpr)
+    jaxpr = convert_constvars_jaxpr(body.jaxpr)
     closed = jax.extend.core.ClosedJaxpr(jaxpr, ())
     in_avals = [v.aval for v in jaxpr.invars]
     n_consts, n_x, n_bufs = len(consts), len(initial.x), len(initial.bufs)
@@ -58,7 +58,7 @@ def perturbed_leaves(
     while True:
         reads = [bufs[leaf] for leaf in layout.read_leaves]
         nonzeros = list(consts) + x + bufs + reads + [False] * n_rest
-        _, out = ad.jvp_jaxpr(closed, nonzeros, instantiate=False)
+        _, out = jvp_jaxpr(closed, nonzeros, instantiate=False)
         new_x = [a or (b and _floating(v)) for a, b, v in zip(x, out, x_avals)]
         out_bufs = out[n_x : n_x + n_bufs]
         new_bufs = [
@@ -73,8 +73,8 @@ def unread_leaves(body: ClosureConverted, n_x: int) -> tuple[bool, ...]:
     """Per ordinary carry leaf, whether the body ignores its value (a leaf it only
     overwrites, as a solver's scratch values): its cotangent is zero after every
     reversed step, so the reverse sweep need not carry it."""
-    jaxpr = pe.convert_constvars_jaxpr(body.jaxpr)
-    _, used = pe.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars))
+    jaxpr = convert_constvars_jaxpr(body.jaxpr)
+    _, used = dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars))
     n_consts = len(body.jaxpr.constvars)
     return tuple(not u for u in used[n_consts : n_consts + n_x])
 

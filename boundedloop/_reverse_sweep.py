@@ -33,7 +33,7 @@ end)` may use `slots - top` slots, its own start included.
 """
 
 from collections.abc import Callable
-from typing import Any, NamedTuple, TYPE_CHECKING
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -48,10 +48,7 @@ from ._schedule import binomial_table
 from ._shard_map import varying_while_loop
 from ._step import ReversibleStep
 from ._tape import Tape
-
-
-if TYPE_CHECKING:
-    from ._autodiff import LoopConfig
+from ._trace import LoopConfig
 
 
 SPLIT_SLOTS = 256
@@ -122,9 +119,7 @@ class Recompute(NamedTuple):
 class _Sweep:
     """The reverse sweep of one loop: its pieces, sharing the loop's constants."""
 
-    def __init__(
-        self, step: ReversibleStep, tape: Tape, ct_final, config: "LoopConfig"
-    ):
+    def __init__(self, step: ReversibleStep, tape: Tape, ct_final, config: LoopConfig):
         self.step = step
         self.tape = tape
         self.ct_final = ct_final
@@ -347,7 +342,7 @@ def _steps_left(state: ReverseState):
 
 @jax.named_scope("boundedloop_reverse")
 def reverse_sweep(
-    step: ReversibleStep, tape: Tape, ct_final, ct_bufs, config: "LoopConfig"
+    step: ReversibleStep, tape: Tape, ct_final, ct_bufs, config: LoopConfig
 ):
     """Reverse the loop recorded in `tape`.
 

@@ -137,6 +137,19 @@ class Layout(eqx.Module):
         return tuple(jnp.zeros(r.shape, r.dtype) for r in self.read_shapes)
 
 
+class LoopConfig(eqx.Module):
+    """The static description of one loop: what `bl.while_loop` was asked for,
+    and the carry's `Layout` found when tracing it."""
+
+    max_steps: int | None = eqx.field(static=True)
+    checkpoints: int = eqx.field(static=True)
+    layout: Layout = eqx.field(static=True)
+    # the loop always takes `max_steps` steps (a scan): plan checkpoints offline
+    known_length: bool = eqx.field(static=True, default=False)
+    # the loop's name for `bl.max_steps_check`'s error, or None: no check
+    stop_check: str | None = eqx.field(static=True, default=None)
+
+
 def _generic_body(body_fun, layout: Layout, like, name: str, gate=None):
     """The body on split arrays, with `Buffer` objects standing in for buffers."""
 

@@ -3,11 +3,11 @@
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ._autodiff import checkpointed_loop, LoopConfig
+from ._autodiff import checkpointed_loop
 from ._buffers import lend_buffers, lent_gate, return_buffers
 from ._checks import check_stopped, max_steps_check_enabled, tracing_a_loop
 from ._errors import check_checkpoints, check_max_steps
-from ._trace import trace_loop
+from ._trace import LoopConfig, trace_loop
 
 
 Carry = TypeVar("Carry")

@@ -211,8 +211,8 @@ def test_loop_module_run():
 
 
 def test_a_second_copy_of_the_package_imports():
-    """`benchmarks/regression.py` imports two revisions side by side: the checks'
-    JAX configuration states are shared, not defined twice."""
+    """`benchmarks/regression.py` imports two revisions side by side: each imports,
+    and each copy's switch governs its own loops."""
     import importlib.util
     import pathlib
     import sys
@@ -225,9 +225,15 @@ def test_a_second_copy_of_the_package_imports():
     sys.modules["boundedloop_copy"] = copy
     try:
         spec.loader.exec_module(copy)
+
+        def copy_loop(x, n):
+            cond = lambda c: c[1] < n  # noqa: E731
+            return copy.while_loop(cond, body, (x, 0), max_steps=MAX_STEPS)
+
         with copy.max_steps_check():
             with pytest.raises(Exception, match=MESSAGE):
-                loop(X, jnp.array(50))
+                jax.block_until_ready(copy_loop(X, jnp.array(50)))
+            jax.block_until_ready(loop(X, jnp.array(50)))  # not `bl`'s switch
     finally:
         for name in [n for n in sys.modules if n.startswith("boundedloop_copy")]:
             del sys.modules[name]

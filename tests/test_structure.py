@@ -259,3 +259,23 @@ def test_masked_sweeps_test_the_predicate_once_per_step():
     # under vmap each element stops at its own step (here after 8 and 6)
     xs = jnp.array([0.1, 0.6])
     assert tree_allclose(jax.vmap(ours)(xs), jax.vmap(reference)(xs))
+
+
+def test_jax_internals_are_imported_in_one_module():
+    """Every `jax._src` import is in `_jax_private.py`, so a JAX upgrade touches one
+    file (see `docs/limitations.md`)."""
+    import ast
+    import pathlib
+
+    package = pathlib.Path(bl.__file__).parent
+    importers = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            if any(n == "jax._src" or n.startswith("jax._src.") for n in names):
+                importers.add(path.name)
+    assert importers == {"_jax_private.py"}

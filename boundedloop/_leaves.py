@@ -1,0 +1,80 @@
+"""A tree's arrays as the flat lists primitives take, and back."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+
+from ._shard_map import vary_everywhere
+from ._trace import TracedLoop
+
+
+def pick(mask, tree):
+    """The leaves of `tree` (shaped like `mask`, `None` allowed) where `mask` is true."""
+    treedef = jtu.tree_structure(mask)
+    return [v for m, v in zip(jtu.tree_leaves(mask), treedef.flatten_up_to(tree)) if m]
+
+
+class Residuals:
+    """The arrays the loop's tangent depends on nonlinearly: the body, the predicate,
+    the initial carry and the tape, flattened for the primitive and rebuilt inside
+    its rules."""
+
+    def __init__(self, loop: TracedLoop, tape):
+        tree = (loop.body, loop.cond, loop.init, tape)
+        arrays, self.static = eqx.partition(tree, eqx.is_array)
+        self.leaves, self.treedef = jtu.tree_flatten(arrays)
+
+    def unpack(self, leaves):
+        """`(body, cond, init, tape)` from the primitive's residual operands."""
+        arrays = jtu.tree_unflatten(self.treedef, leaves)
+        return vary_everywhere(eqx.combine(arrays, self.static))
+
+    def flatten(self, tree) -> list:
+        """A tree shaped like `unpack`'s result (arrays where it has arrays), as a
+        list aligned with the operands."""
+        arrays = eqx.filter(tree, eqx.is_array)
+        return self.treedef.flatten_up_to(arrays)
+
+
+def inexact_array(x) -> bool:
+    return eqx.is_array(x) and jnp.issubdtype(x.dtype, jnp.inexact)
+
+
+def zero_ct(x):
+    """A zero cotangent for `x` (`float0` for integers; `x` may be a constant that
+    tracing left a Python scalar)."""
+    dtype, shape = jnp.result_type(x), jnp.shape(x)
+    if jnp.issubdtype(dtype, jnp.inexact):
+        return jnp.zeros(shape, dtype)
+    return np.zeros(shape, jax.dtypes.float0)
+
+
+def flat(tree):
+    """`tree`'s arrays as a list, and the function rebuilding `tree` from such a
+    list."""
+    arrays, static = eqx.partition(tree, eqx.is_array)
+    leaves, treedef = jtu.tree_flatten(arrays)
+    return leaves, lambda ops: eqx.combine(jtu.tree_unflatten(treedef, ops), static)
+
+
+def add(a, b):
+    if a is None:
+        return b
+    if b is None:
+        return a
+    if a.dtype == jax.dtypes.float0:
+        return a
+    return a + b
+
+
+def everywhere(tree):
+    return jtu.tree_map(lambda _: True, tree)
+
+
+def spread(wanted, values: list) -> list:
+    """`values` for the `wanted` leaves, `None` for the others, in `wanted`'s
+    leaf order."""
+    it = iter(values)
+    return [next(it) if w else None for w in jtu.tree_leaves(wanted)]

@@ -1,0 +1,307 @@
+"""Reverse over anything: the loop's sweeps behind JVPs an outer reverse pass can
+transpose, so that a gradient (or a JVP) of the loop can itself be differentiated in
+reverse mode (`grad` of `grad`, `grad` of `jvp`, gradient penalties).
+
+No loop is ever reversed twice. What an outer reverse pass transposes is the
+linearized gradient, a block of a Hessian, which is symmetric: its transpose applied
+to a cotangent `w` is a forward-over-reverse product in the direction `w`
+(`gradient_and_hvp`), which runs the loop's own rules in forward mode over the
+checkpointed reverse sweep. Each sweep sits behind `linearizable`'s dispatch (one pass
+when evaluated, so `jax.hessian` costs what it cost before; two when linearized), and
+the linear part is a `loop_tangent` whose transpose is that product. See
+`docs/guides/forward-mode.md` for the costs.
+"""
+
+import dataclasses
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+
+from ._forward_sweeps import checkpointed_sweep
+from ._leaves import (
+    add,
+    everywhere,
+    flat,
+    inexact_array,
+    pick,
+    Residuals,
+    spread,
+    zero_ct,
+)
+from ._linearizable import linearizable
+from ._loop_tangent import loop_tangent
+from ._perturbation import Perturbed, perturbed_leaves
+from ._reverse_sweep import reverse_sweep
+from ._step import ReversibleStep
+from ._trace import LoopConfig, TracedLoop
+
+
+def _rerun(loop_fn, loop: TracedLoop, config: LoopConfig):
+    """The loop's outputs as a function of its inexact differentiable leaves, through
+    `checkpointed_loop`, so that any transform of it takes the loop's own rules.
+
+    **Returns:**
+
+    `(varying, combine, run)`: those leaves (a tree shaped like
+    `loop.differentiable()`, `None` elsewhere), `combine(tree)` filling such a tree's
+    `None`s with zeros, and `run(varying) -> flat outputs`.
+    """
+    varying, fixed = eqx.partition(loop.differentiable(), inexact_array)
+    unchecked = dataclasses.replace(config, stop_check=None)
+
+    def run(varying):
+        body, init, bufs = eqx.combine(varying, fixed)
+        plain = TracedLoop(body, loop.cond, None, init, bufs, loop.layout)
+        return jtu.tree_leaves(loop_fn(plain, unchecked))
+
+    def combine(tree):
+        zeros = jtu.tree_map(zero_ct, fixed)
+        return eqx.combine(tree, zeros)
+
+    return varying, combine, run
+
+
+def gradient_and_hvp(loop_fn, loop, config, cts, direction=None):
+    """Forward over reverse: `(J v, g, H v)` for the loop's outputs `F` at its
+    inexact differentiable leaves `p`, `g = J^T cts` and `H = d(J^T cts)/dp`, in the
+    direction `v` (a tree shaped like `loop.differentiable()`, `None` for zero).
+
+    This is how an outer reverse pass transposes the loop's gradient: the gradient's
+    linearization is a block of the Hessian of `cts . F`, which is symmetric (see
+    `ReverseOverAnything.vjp_with_hvp`)."""
+    varying, combine, run = _rerun(loop_fn, loop, config)
+
+    def gradient(varying):
+        out, pullback = jax.vjp(run, varying)
+        return out, pullback(list(cts))[0]
+
+    if direction is None:
+        return None, combine(gradient(varying)[1]), None
+    v = jtu.tree_map(
+        lambda p, t: None if p is None else (jnp.zeros_like(p) if t is None else t),
+        varying,
+        direction,
+        is_leaf=lambda p: p is None,
+    )
+    (_, g), (j_v, h_v) = jax.jvp(gradient, (varying,), (v,))
+    return j_v, combine(g), combine(h_v)
+
+
+class ReverseOverAnything:
+    """The passes that make the loop's gradient and JVP differentiable in reverse
+    mode. A mixin of `_jvp_passes.LoopJVP`, whose attributes they read (`config`,
+    `wanted`, `perturbed`, `effects`, `out_perturbed`, `out_def`, `treedef`,
+    `static`, `leaves`, and `loop_fn`, the loop as a differentiable function)."""
+
+    def taped_sweep(self, leaves):
+        """`checkpointed_sweep`, behind a JVP that an outer reverse pass can
+        transpose: linearized, its output tangent is a `loop_tangent` whose transpose
+        is the reverse sweep over this very tape (the tape's own tangent is never
+        transposed: see `vjp_with_hvp`). Its two-pass form is nested here
+        because its rules share the sweep's tree structure (`box`), known only
+        once the sweep is traced."""
+        box = {}
+        config, layout = self.config, self.config.layout
+
+        def sweep(leaves):
+            result = checkpointed_sweep(self._loop(leaves), config, self.perturbed.x)
+            swept, box["def"] = jtu.tree_flatten(result)
+            return swept
+
+        def two_pass(primals, where, tangents, inexact):
+            outs = sweep(primals)
+            n = len(primals)
+            avals = [jax.typeof(o) for o in outs]
+            wanted = self._wanted_at(where)
+            perturbed = self._perturbed_by(self._loop(primals), wanted)
+
+            def jvp_fn(res, ts):
+                def at(moving):
+                    args = list(res[:n])
+                    for k, m in zip(where, moving):
+                        args[k] = m
+                    return sweep(args)
+
+                moving = [res[k] for k in where]
+                t_out = jax.jvp(at, (moving,), (list(ts),))[1]
+                return [t for t, f in zip(t_out, inexact) if f]
+
+            def vjp_fn(res, cts):
+                loop = self._loop(res[:n])
+                (x, bufs), tape = jtu.tree_unflatten(box["def"], res[n:])
+                it = iter(cts)
+                full = [next(it) if f else None for f in inexact]
+                (ct_x, ct_bufs), ct_tape = jtu.tree_unflatten(box["def"], full)
+                # the tape's final buffers are the loop's: their cotangents add
+                ct_bufs = [add(a, b) for a, b in zip(ct_bufs, ct_tape.bufs)]
+                ct_x = tuple(c if p else None for c, p in zip(ct_x, perturbed.x))
+                ct_bufs = tuple(
+                    c if p else None for c, p in zip(ct_bufs, perturbed.bufs)
+                )
+                return reverse(loop, tape, ct_x, ct_bufs)
+
+            def first_order_reverse(loop, tape, ct_x, ct_bufs):
+                step = ReversibleStep(loop.body, layout, wanted[0], perturbed)
+                ct_in = reverse_sweep(step, tape, ct_x, ct_bufs, config)
+                return self._at_leaves(res_primals, wanted, ct_in, where)
+
+            res_primals = primals
+
+            def reverse(loop, tape, ct_x, ct_bufs):
+                # forward mode through it works; a third reverse pass raises
+                operands, rebuild = flat((loop, tape, ct_x, ct_bufs))
+                return linearizable(
+                    lambda ops: first_order_reverse(*rebuild(ops)), None, self.effects
+                )(*operands)
+
+            t_out = loop_tangent(
+                list(primals) + list(outs),
+                list(tangents),
+                jvp_fn=jvp_fn,
+                vjp_fn=vjp_fn,
+                out_avals=tuple(
+                    a.to_tangent_aval() for a, f in zip(avals, inexact) if f
+                ),
+                loop_effects=self.effects,
+            )
+            return list(outs) + list(t_out)
+
+        swept = linearizable(sweep, two_pass, self.effects)(*leaves)
+        return jtu.tree_unflatten(box["def"], swept)
+
+    def _wanted_at(self, where):
+        """Bools shaped like `(body, init, bufs)`: which of them are among the
+        `leaves` at positions `where`."""
+        positions = jtu.tree_unflatten(self.treedef, range(len(self.leaves)))
+        loop = eqx.combine(positions, self.static)
+        chosen = set(where)
+        return jtu.tree_map(lambda k: k in chosen, loop.differentiable())
+
+    def _perturbed_by(self, loop: TracedLoop, wanted) -> Perturbed:
+        w_body, w_init, w_bufs = wanted
+        return perturbed_leaves(
+            loop.body,
+            jtu.tree_leaves(w_body),
+            Perturbed(tuple(jtu.tree_leaves(w_init)), tuple(jtu.tree_leaves(w_bufs))),
+            self.config.layout,
+        )
+
+    def _at_leaves(self, leaves, wanted, ct_in, where) -> list:
+        """Cotangents `ct_in` (shaped like `(body, init, bufs)`, `None` for zero) of
+        the `wanted` leaves, as a list aligned with `where` (zeros elsewhere)."""
+        positions = jtu.tree_unflatten(self.treedef, range(len(self.leaves)))
+        loop = eqx.combine(positions, self.static)
+        by_position = {
+            k: c
+            for k, c in zip(pick(wanted, loop.differentiable()), pick(wanted, ct_in))
+        }
+        return [
+            zero_ct(leaves[k]) if by_position.get(k) is None else by_position[k]
+            for k in where
+        ]
+
+    def residual_hvp(self, residuals: Residuals, res_leaves, cts, direction):
+        """For the loop's outputs `F` at the residuals' `p`, output cotangents `cts`
+        (those of the perturbed outputs) and a tangent `direction` of the wanted
+        leaves: `J v` (per output) and `H v`, where `H` is the second derivative of
+        `cts . F`, as cotangents of the residual operands (the tape's final buffers
+        standing for the initial ones, the rest of the tape getting none)."""
+        body, cond, init, tape = residuals.unpack(res_leaves)
+        # a leaf tracing left constant (a Python bool) is an array to the loop
+        init = tuple(jnp.asarray(v) for v in init)
+        loop = TracedLoop(body, cond, None, init, tape.bufs, self.config.layout)
+        it = iter(cts)
+        out_leaves = jtu.tree_leaves((loop.init, loop.bufs))
+        cts = [
+            next(it) if f else zero_ct(o)
+            for o, f in zip(out_leaves, self.out_perturbed)
+        ]
+        v = jtu.tree_unflatten(
+            jtu.tree_structure(self.wanted), spread(self.wanted, list(direction))
+        )
+        j_v, _, (h_body, h_init, h_bufs) = gradient_and_hvp(
+            self.loop_fn, loop, self.config, cts, v
+        )
+        zeros = jtu.tree_map(zero_ct, (body, cond, init, tape))
+        ct = (h_body, zeros[1], h_init, zeros[3]._replace(bufs=tuple(h_bufs)))
+        return j_v, residuals.flatten(ct)
+
+    def vjp_with_hvp(self, residuals: Residuals, reverse):
+        """The reverse sweep `reverse(residuals + cts) -> cts_in`, behind a JVP that
+        an outer reverse pass can transpose (grad of grad).
+
+        The gradient `g(p, c) = J(p)^T c` linearizes to `dg = H dp + J^T dc`, where
+        `H`, the second derivative of `c . F(p)`, is symmetric. So the transpose
+        maps a cotangent `w` of `g` to `H w` for `p` and `J w` for `c`: one
+        forward-over-reverse product (`_gradient_and_hvp`). No loop is reversed
+        twice. The tape, part of the residuals, is a cache of `p`: its tangent is
+        used when the JVP is evaluated (`jax.hessian`) and given no cotangent, since
+        `H w` already accounts for it; the final buffers it holds get the
+        cotangent the initial buffers have (the two are equal wherever a
+        cotangent reaches them)."""
+        n_res = len(residuals.leaves)
+        out_perturbed = self.out_perturbed
+
+        def two_pass(primals, where, tangents, with_tangent):
+            outs = reverse(list(primals))
+
+            def jvp_fn(res, ts):
+                def at(moving):
+                    args = list(res)
+                    for k, m in zip(where, moving):
+                        args[k] = m
+                    return reverse(args)
+
+                t_out = jax.jvp(at, ([res[k] for k in where],), (list(ts),))[1]
+                return [t for t, f in zip(t_out, with_tangent) if f]
+
+            def vjp_fn(res, w):
+                it = iter(w)
+                w = [
+                    next(it) if f else jnp.zeros_like(o)
+                    for o, f in zip(outs, with_tangent)
+                ]
+                j_w, ct_res = self.residual_hvp(residuals, res[:n_res], res[n_res:], w)
+                ct_cts = [j for j, f in zip(j_w, out_perturbed) if f]
+                full = ct_res + ct_cts
+                return [full[k] for k in where]
+
+            out_avals = tuple(
+                jax.typeof(o).to_tangent_aval() for o, f in zip(outs, with_tangent) if f
+            )
+            t_out = loop_tangent(
+                list(primals),
+                list(tangents),
+                jvp_fn=jvp_fn,
+                vjp_fn=vjp_fn,
+                out_avals=out_avals,
+                loop_effects=self.effects,
+            )
+            return list(outs) + list(t_out)
+
+        return linearizable(reverse, two_pass, self.effects)
+
+    def reverse_of_jvp(self, leaves, t_in, cts):
+        """The transpose of the linearized JVP (reverse over forward, `grad` of
+        `jvp`): for output cotangents `u` and tangent cotangents `v`, the primals
+        get `J^T u + H_v t` and the tangents `J^T v`, where `H_v`, the second
+        derivative of `v . F`, is symmetric, so `H_v t` is a forward-over-reverse
+        product in the direction of the tangents `t`."""
+        loop = self._loop(leaves)
+        n_out = self.out_def.num_leaves
+        outs = jtu.tree_leaves((loop.init, loop.bufs))
+        u = [zero_ct(o) if c is None else c for o, c in zip(outs, cts[:n_out])]
+        it = iter(cts[n_out:])
+        v = [next(it) if f else zero_ct(o) for o, f in zip(outs, self.out_perturbed)]
+        direction = jtu.tree_unflatten(
+            jtu.tree_structure(self.wanted), spread(self.wanted, list(t_in))
+        )
+        _, g_u, _ = gradient_and_hvp(self.loop_fn, loop, self.config, u, None)
+        _, g_v, h_v = gradient_and_hvp(self.loop_fn, loop, self.config, v, direction)
+        ct_tree = jtu.tree_map(add, g_u, h_v)
+        n = len(leaves)
+        ct_p = self._at_leaves(leaves, everywhere(ct_tree), ct_tree, range(n))
+        ct_t = pick(self.wanted, g_v)
+        return ct_p, ct_t
