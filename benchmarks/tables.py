@@ -427,29 +427,33 @@ def cheap_steps_table() -> str:
 
 
 def forward_mode_table() -> str:
-    """Forward-mode time over `lax.while_loop`'s JVP, for each `n` (the why
-    page)."""
+    """Forward-mode time over `lax.while_loop`'s JVP, for each loop and `n` (the
+    why page)."""
     rows = _json("forward_mode.json")["rows"]
     by = {(r["kind"], r["mode"], r["n"]): r for r in rows}
     ns = sorted({r["n"] for r in rows})
     kinds = [k for k in dict.fromkeys(r["kind"] for r in rows) if k != "lax.while_loop"]
     modes = list(dict.fromkeys(r["mode"] for r in rows))
+    names = {
+        k: k.replace("boundedloop", "bl.while_loop,").replace(
+            "store all", "storing every step"
+        )
+        for k in kinds
+    }
     out = [
         [
-            f"`jax.{mode}`",
-            kind.replace("boundedloop", "bl.while_loop,").replace(
-                "store all", "storing every step"
-            ),
-            *(f"{by[(kind, mode, n)]['over_reference']:.2f}" for n in ns),
+            names[kind],
+            n,
+            *(f"{by[(kind, mode, n)]['over_reference']:.2f}" for mode in modes),
         ]
-        for mode in modes
         for kind in kinds
+        for n in ns
     ]
     return _text(
         _table(
-            ["mode", "loop", *(f"time / `lax.while_loop`'s, n = {n}" for n in ns)],
+            ["loop", "n", *(f"`jax.{mode}`" for mode in modes)],
             out,
-            ["---", "---"] + ["---:"] * len(ns),
+            ["---", "---:"] + ["---:"] * len(modes),
         )
     )
 
@@ -494,7 +498,7 @@ def diffrax_table(workload: str) -> str:
         compile_s = r["trace_lower_s"] + r["compile_s"]
         out.append(
             [
-                f"`jax.{r['mode']}`",
+                f"`{r['mode']}`",
                 _diffrax_adjoint_name(r["adjoint"], max_steps),
                 milliseconds(r["ms"]),
                 f"{r['ms'] / base['ms']:.2f}",
@@ -531,48 +535,51 @@ def diffrax_table(workload: str) -> str:
     )
 
 
+# the comparisons of `diffrax_summary_table`: (row label, mode, ours, theirs)
+DIFFRAX_SUMMARY = (
+    (
+        "`grad`, defaults",
+        "grad",
+        "CheckpointedAdjoint()",
+        "RecursiveCheckpointAdjoint()",
+    ),
+    (
+        "`grad`, 16 checkpoints each",
+        "grad",
+        "CheckpointedAdjoint(16)",
+        "RecursiveCheckpointAdjoint(16)",
+    ),
+    (
+        "`grad`, ours storing every step",
+        "grad",
+        "CheckpointedAdjoint(store all)",
+        "RecursiveCheckpointAdjoint()",
+    ),
+    ("`jvp`", "jvp", "CheckpointedAdjoint()", "ForwardMode()"),
+    ("`jacfwd`", "jacfwd", "CheckpointedAdjoint()", "ForwardMode()"),
+)
+
+
 def diffrax_summary_table() -> str:
-    """Every workload of the diffrax benchmark in one table of ratios (the why
-    page)."""
+    """Every workload of the diffrax benchmark in one table of ratios, a column
+    per workload (the why page)."""
+    runs = {w: _diffrax(w) for w in DIFFRAX_WORKLOADS}
 
     def ratio(rows, mode, ours, theirs):
         if (mode, ours) not in rows or (mode, theirs) not in rows:
             return "-"
         return f"{rows[(mode, ours)]['ms'] / rows[(mode, theirs)]['ms']:.2f}"
 
-    out = []
-    for workload in DIFFRAX_WORKLOADS:
-        rows, steps, _, _ = _diffrax(workload)
-        rca = "RecursiveCheckpointAdjoint()"
+    out = [["steps taken", *(run[1] for run in runs.values())]]
+    for label, mode, ours, theirs in DIFFRAX_SUMMARY:
         out.append(
-            [
-                workload,
-                steps,
-                ratio(rows, "grad", "CheckpointedAdjoint()", rca),
-                ratio(
-                    rows,
-                    "grad",
-                    "CheckpointedAdjoint(16)",
-                    "RecursiveCheckpointAdjoint(16)",
-                ),
-                ratio(rows, "grad", "CheckpointedAdjoint(store all)", rca),
-                ratio(rows, "jvp", "CheckpointedAdjoint()", "ForwardMode()"),
-                ratio(rows, "jacfwd", "CheckpointedAdjoint()", "ForwardMode()"),
-            ]
+            [label, *(ratio(run[0], mode, ours, theirs) for run in runs.values())]
         )
     return _text(
         _table(
-            [
-                "workload",
-                "steps",
-                "`jax.grad`, defaults",
-                "`jax.grad`, 16 checkpoints each",
-                "`jax.grad`, storing every step",
-                "`jax.jvp`",
-                "`jax.jacfwd`",
-            ],
+            ["workload", *runs],
             out,
-            ["---", "---:", "---:", "---:", "---:", "---:", "---:"],
+            ["---"] + ["---:"] * len(runs),
         )
     )
 
