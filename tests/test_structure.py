@@ -9,7 +9,7 @@ from jax import lax
 
 import boundedloop as bl
 from boundedloop import _body_size
-from boundedloop._reverse_sweep import split_rule
+from boundedloop._recompute import split_rule
 from boundedloop._schedule import (
     forward_placement,
     gradient_body_evaluations,

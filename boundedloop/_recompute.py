@@ -1,0 +1,207 @@
+"""Recomputation in the reverse sweep: from the top checkpoint to the input of the
+next step to reverse, storing the checkpoints the binomial schedule places on the way.
+
+Once the forward sweep has ended the trip count is known, so each segment between
+stored checkpoints is split offline-optimally (Griewank and Walther's binomial
+schedule, `_schedule.revolve_split`, here in-graph from a table: `split_rule`). The
+recomputation is tight loops of forward steps between store events, so the
+schedule's arithmetic runs once per stored checkpoint.
+
+The checkpoints form a stack ordered by position. `order[:depth]` are the slots in
+use, bottom to top; `order[depth:]` are free. The top segment `[order_pos[top],
+end)` may use `slots - top` slots, its own start included. Everything here is a
+plain function of the sweep's constants (`Sweep`) and a NamedTuple state.
+"""
+
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jaxtyping import Array, Int
+
+from . import _body_size, _tape
+from ._batching import select_if_batched
+from ._schedule import binomial_table
+from ._shard_map import varying_while_loop
+from ._step import ReversibleStep
+from ._tape import Tape
+from ._trace import LoopConfig
+
+
+SPLIT_SLOTS = 256
+# segments up to this long are split exactly (longer ones validly, as if this long)
+SPLIT_LENGTH = 2**17
+
+
+def split_rule(slots: int, max_length: int) -> Callable:
+    """`split(length, k)` in-graph: as `_schedule.revolve_split`, from a table."""
+    # the table is a constant of the program: past `SPLIT_SLOTS` slots the split is
+    # planned as if there were `SPLIT_SLOTS` (a valid schedule, using fewer slots)
+    slots = min(slots, SPLIT_SLOTS)
+    table = binomial_table(slots, max_length)
+    table = jnp.asarray(np.minimum(table, np.iinfo(np.int32).max), jnp.int32)
+    last = table.shape[1] - 1
+
+    def split(length, k):
+        k = jnp.clip(k, 1, slots)
+        # the repetition number: the first r with C(k + r, k) >= length (clipped:
+        # still valid): the row increases, so r counts its entries below `length`.
+        # One vectorized compare; measured faster than a scalar while loop or an
+        # unrolled binary search, and it adds no loop iterations.
+        r = jnp.sum(table[k] < length, dtype=jnp.int32)
+        r = jnp.minimum(r, last)
+        r1 = jnp.maximum(r - 1, 0)
+        general = jnp.minimum(table[k, r1], length - table[k - 1, r1])
+        out = jnp.where(k == 1, length - 1, general)
+        return jnp.where(length <= 1, 0, out).astype(jnp.int32)
+
+    return split
+
+
+class Stack(NamedTuple):
+    """The checkpoints held, as a stack ordered by position (see the module doc)."""
+
+    depth: Int[Array, ""]  # slots in use
+    order_pos: Int[Array, " slots"]  # the position of `order[j]`'s state
+    storage: _tape.Storage  # a row per slot
+
+
+class Recompute(NamedTuple):
+    """The recomputation's carry: advancing from a checkpoint at `i` to `end - 1`."""
+
+    i: Int[Array, ""]
+    end: Int[Array, ""]
+    target: Int[Array, ""]  # where the schedule stores the next checkpoint
+    stack: Stack
+    x: Any  # `x_i`
+
+
+class Sweep(NamedTuple):
+    """The constants of one loop's reverse sweep, which its functions share."""
+
+    step: ReversibleStep
+    tape: Tape
+    ct_final: tuple  # the final carry's cotangent
+    slots: int  # checkpoints
+    split: Callable  # `split_rule`'s function, for these slots
+    # cheap steps: runs of stored inputs reversed in a nested loop, and
+    # store-every-step recomputation in a loop of its own (see `_body_size`)
+    fast: bool
+    # the forward stored every state: nothing to recompute, no inner loop
+    every_step_stored: bool
+    sorted: Int[Array, " slots"]  # the checkpoints' positions, in order
+    order: Int[Array, " slots"]  # their slots, in the same order
+
+
+def make_sweep(step: ReversibleStep, tape: Tape, ct_final, config: LoopConfig) -> Sweep:
+    """The constants of the reverse sweep of the loop recorded in `tape`."""
+    # the checkpoints by position (unused slots sort last), and their slots
+    slots = jnp.arange(config.checkpoints, dtype=jnp.int32)
+    sorted_pos, order = lax.sort((tape.positions, slots), num_keys=1)
+    return Sweep(
+        step,
+        tape,
+        ct_final,
+        config.checkpoints,
+        # the same for every `max_steps`: the split reads a row of the table, so a
+        # narrower one would make temporary memory depend on `max_steps`
+        split_rule(config.checkpoints, SPLIT_LENGTH),
+        _body_size.is_cheap(step.body),
+        config.max_steps is not None and config.checkpoints >= config.max_steps,
+        sorted_pos,
+        order,
+    )
+
+
+def initial_stack(sw: Sweep) -> Stack:
+    return Stack(sw.tape.used, sw.sorted, sw.tape.storage)
+
+
+def forward(sw: Sweep, i, x):
+    """`x_{i+1}` from `x_i` (elements whose loop had stopped by step `i` stay)."""
+    active = i < sw.tape.trips
+    return select_if_batched(active, sw.step.forward(x, sw.tape.bufs, active), x)
+
+
+def advance(sw: Sweep, i, stop, x):
+    """`x_stop` from `x_i`: forward steps only, nothing else in the loop."""
+
+    def step(state):
+        i, x = state
+        return i + 1, forward(sw, i, x)
+
+    return varying_while_loop(lambda s: s[0] < stop, step, (i, x))
+
+
+def next_target(sw: Sweep, i, end, depth):
+    """Where the binomial schedule stores the next checkpoint, or `end - 1`."""
+    target = i + jnp.maximum(sw.split(end - i, sw.slots - (depth - 1)), 1)
+    return jnp.minimum(target, end - 1)
+
+
+def all_stored(sw: Sweep, state: Recompute):
+    """Whether the rest of the segment, `[i, end)`, fits its free slots: then
+    the binomial schedule stores every step of it (repetition number 1)."""
+    free = sw.slots - (state.stack.depth - 1)
+    return state.end - state.i <= free + 1
+
+
+def store_next(sw: Sweep, state: Recompute) -> Recompute:
+    """Advance to the next store event (before `end - 1`) and store there."""
+    i, x = advance(sw, state.i, state.target, state.x)
+    return push(sw, state._replace(i=i, x=x))
+
+
+def store_step(sw: Sweep, state: Recompute) -> Recompute:
+    """One forward step, storing its result (the schedule stores every step
+    from here on, so no next store event is looked up)."""
+    x = forward(sw, state.i, state.x)
+    return push(sw, state._replace(i=state.i + 1, x=x), find_target=False)
+
+
+def push(sw: Sweep, state: Recompute, find_target: bool = True) -> Recompute:
+    """Store `x_i` on top of the stack and find the next store event."""
+    depth, order_pos, storage = state.stack
+    free = jnp.minimum(depth, sw.slots - 1)
+    storage = _tape.store(storage, sw.order[free], state.x)
+    order_pos = order_pos.at[free].set(state.i)
+    stack = Stack(depth + 1, order_pos, storage)
+    if find_target:
+        state = state._replace(target=next_target(sw, state.i, state.end, depth + 1))
+    return state._replace(stack=stack)
+
+
+@jax.named_scope("boundedloop_recompute")
+def recompute(sw: Sweep, end, stack: Stack) -> Recompute:
+    """Advance from the top checkpoint to step `end - 1`, storing the
+    checkpoints the binomial schedule places on the way (forward steps only).
+
+    Store events while the schedule skips steps, each a tight loop of forward
+    steps, so its arithmetic runs once per stored checkpoint; then the steps to
+    `end - 1`. With the fast structure, once the rest of the segment fits the
+    free slots, a loop of a step and a store per iteration takes over."""
+    top = jnp.maximum(stack.depth - 1, 0)
+    i = stack.order_pos[top]
+    x = _tape.load(stack.storage, sw.order[top])
+    state = Recompute(i, end, next_target(sw, i, end, top + 1), stack, x)
+    if sw.fast:
+        state = varying_while_loop(
+            lambda s: (s.target < s.end - 1) & ~all_stored(sw, s),
+            functools.partial(store_next, sw),
+            state,
+        )
+        state = varying_while_loop(
+            lambda s: (s.i < s.end - 2) & all_stored(sw, s),
+            functools.partial(store_step, sw),
+            state,
+        )
+    else:
+        state = varying_while_loop(
+            lambda s: s.target < s.end - 1, functools.partial(store_next, sw), state
+        )
+    i, x = advance(sw, state.i, end - 1, state.x)
+    return state._replace(i=i, x=x)
