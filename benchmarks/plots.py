@@ -2,11 +2,14 @@
 tables.
 
     python benchmarks/plots.py [--no-schedule]
+    python benchmarks/plots.py FIGURE...   # only these pictures, no tables
 
 Reads `benchmarks/results/*.json` (written by `while_loop.py`, `recomputation.py`
 and `diffrax_adjoint.py`) and writes PNGs into `docs/images/`; then runs
 `tables.write_tables`, which writes every markdown table the docs include into
-`docs/generated/` (`python benchmarks/tables.py` does that alone).
+`docs/generated/` (`python benchmarks/tables.py` does that alone). Given figure
+names (`gradient_time`, `recomputation`, `diffrax_adjoints`, `schedule`), it draws
+only those. Nothing is timed: every picture is drawn from the results files.
 """
 
 import json
@@ -17,8 +20,15 @@ import matplotlib
 
 
 matplotlib.use("Agg")
+import matplotlib.patches as mpatches  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
-from tables import write_tables  # noqa: E402
+from tables import (  # noqa: E402
+    _diffrax,
+    _diffrax_adjoint_name,
+    DIFFRAX_BASE,
+    DIFFRAX_MODES,
+    write_tables,
+)
 
 
 RESULTS = pathlib.Path("benchmarks/results")
@@ -38,6 +48,11 @@ STYLE = {
 plt.rcParams.update({"font.size": 11, "axes.grid": True, "grid.alpha": 0.3})
 
 
+def zoom_limits(values, lo, hi, margin=0.005):
+    """`(lo, hi)`, widened where needed so that a zoomed axis shows every value."""
+    return min(lo, min(values) - margin), max(hi, max(values) + margin)
+
+
 def gradient_time():
     """Gradient time over the ideal against `max_steps`: every loop on a log scale,
     then the checkpointed loops (which overlap there) on a linear one."""
@@ -49,6 +64,11 @@ def gradient_time():
         2, 1, figsize=(7.5, 8.5), height_ratios=[3, 2], sharex=True
     )
     zoom = [k for k in kinds if k.startswith(("boundedloop", "equinox checkpointed"))]
+    zoomed = [
+        r["grad_x_s"] / ideal
+        for r in data["rows"]
+        if r["kind"] in zoom and r["grad_x_s"] is not None
+    ]
     for ax, shown in [(top, kinds), (bottom, zoom)]:
         for kind in shown:
             rows = [r for r in data["rows"] if r["kind"] == kind]
@@ -75,7 +95,7 @@ def gradient_time():
     )
     bottom.set(
         xscale="log",
-        ylim=(0.9, 1.5),
+        ylim=zoom_limits(zoomed, 0.9, 1.5, margin=0.02),
         xlabel="max_steps (the loop always takes 8 steps)",
         ylabel="gradient time / ideal",
         title="The checkpointed loops, zoomed (linear scale)",
@@ -140,7 +160,7 @@ def recomputation():
     top.minorticks_off()
     bottom.set(
         xscale="log",
-        ylim=(0.995, 1.03),
+        ylim=zoom_limits([r["ours_over_optimum"] for r in rows], 0.995, 1.03),
         xlabel="steps taken n",
         ylabel="body evaluations / optimum",
         title="bl.while_loop, zoomed (bl.scan is exactly 1 everywhere)",
@@ -181,50 +201,83 @@ def schedule(n=40, slots=4):
 
 def diffrax_adjoints():
     """Time per call relative to diffrax's adjoint for the mode, the workloads of
-    `diffrax_adjoint.py`."""
-    runs = {}
-    for workload in ("neural", "long", "wide"):
-        path = RESULTS / f"diffrax_adjoint_{workload}.json"
-        if path.exists():
-            runs[workload] = json.loads(path.read_text())
-    if not runs:
+    `diffrax_adjoint.py`: one panel per workload, the bars named and ordered as in
+    the diffrax guide's tables (`tables.diffrax_table`)."""
+    workloads = [
+        w
+        for w in ("neural", "long", "wide")
+        if (RESULTS / f"diffrax_adjoint_{w}.json").exists()
+    ]
+    if not workloads:
         return
-    base = {
-        "grad": "RecursiveCheckpointAdjoint()",
-        "jvp": "ForwardMode()",
-        "jacfwd": "ForwardMode()",
-    }
+    runs = {w: _diffrax(w) for w in workloads}
+    heights = [len(rows) for rows, *_ in runs.values()]
     fig, axes = plt.subplots(
-        1, len(runs), figsize=(5.2 * len(runs), 4.2), squeeze=False
+        len(runs),
+        1,
+        figsize=(7.5, 1.2 * len(runs) + 0.33 * sum(heights)),
+        height_ratios=[h + 2.5 for h in heights],
+        squeeze=False,
     )
-    for ax, (workload, run) in zip(axes[0], runs.items()):
-        rows = run["rows"]
-        ms = {(r["mode"], r["adjoint"]): r["ms"] for r in rows}
+    colour = {True: "tab:blue", False: "tab:orange"}
+    for ax, (workload, (rows, steps, max_steps, _)) in zip(axes[:, 0], runs.items()):
+        ordered = sorted(rows.values(), key=lambda r: DIFFRAX_MODES.index(r["mode"]))
         labels, ratios, colours = [], [], []
-        for r in rows:
-            ratio = r["ms"] / ms[(r["mode"], base[r["mode"]])]
-            labels.append(f"{r['mode']}: {r['adjoint']}")
-            ratios.append(ratio)
-            ours = r["adjoint"].startswith("CheckpointedAdjoint")
-            colours.append("tab:blue" if ours else "tab:orange")
+        for r in ordered:
+            base = rows[(r["mode"], DIFFRAX_BASE[r["mode"]])]
+            name = _diffrax_adjoint_name(r["adjoint"], max_steps).replace("`", "")
+            labels.append(f"{r['mode']}: {name}")
+            ratios.append(r["ms"] / base["ms"])
+            colours.append(colour[r["adjoint"].startswith("CheckpointedAdjoint")])
         y = range(len(labels))
         ax.barh(y, ratios, color=colours)
+        for i, ratio in zip(y, ratios):
+            ax.annotate(
+                f"{ratio:.2f}",
+                (ratio, i),
+                xytext=(3, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize=9,
+            )
         ax.axvline(1.0, color="k", lw=0.8)
-        ax.set_yticks(list(y), labels, fontsize=8)
+        ax.set_yticks(list(y), labels, fontsize=10)
         ax.invert_yaxis()
-        ax.set(
-            xlabel="time / diffrax's adjoint for the mode",
-            title=f"{workload}: {run['steps']} steps",
-        )
-    fig.tight_layout()
+        ax.set_xlim(0, max(ratios) * 1.12)
+        ax.grid(axis="y", visible=False)
+        ax.set_title(f"{workload}: {steps} steps of max_steps={max_steps}", fontsize=11)
+    axes[-1, 0].set_xlabel("time / diffrax's adjoint for the mode (lower is faster)")
+    handles = [
+        mpatches.Patch(color=colour[True], label="boundedloop's adjoint"),
+        mpatches.Patch(color=colour[False], label="diffrax's adjoints"),
+    ]
+    fig.legend(handles=handles, loc="lower center", ncol=2, frameon=False)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     fig.savefig(IMAGES / "diffrax_adjoints.png", dpi=110)
+    plt.close(fig)
+
+
+FIGURES = {
+    "gradient_time": gradient_time,
+    "recomputation": recomputation,
+    "diffrax_adjoints": diffrax_adjoints,
+    "schedule": schedule,
+}
 
 
 if __name__ == "__main__":
     IMAGES.mkdir(parents=True, exist_ok=True)
-    write_tables()
-    gradient_time()
-    recomputation()
-    diffrax_adjoints()
-    if "--no-schedule" not in sys.argv:
-        schedule()
+    chosen = [a for a in sys.argv[1:] if not a.startswith("--")]
+    unknown = set(chosen) - set(FIGURES)
+    if unknown:
+        sys.exit(f"unknown figures {sorted(unknown)}; choose from {sorted(FIGURES)}")
+    if chosen:
+        for name in chosen:
+            FIGURES[name]()
+    else:
+        write_tables()
+        gradient_time()
+        recomputation()
+        diffrax_adjoints()
+        if "--no-schedule" not in sys.argv:
+            schedule()
