@@ -318,3 +318,53 @@ def test_third_order():
     for third in [lambda h: jax.grad(lambda x: jnp.sum(grad_grad(h)(x)))]:
         with pytest.raises(RuntimeError, match="third order"):
             third(loss)(X0)
+
+
+def _product_with_rule(twist):
+    """`y -> (y0 y1, y0 y1)` with the custom derivative `(y1, twist y0)`: the true
+    one at `twist == 1`, the derivative of no function otherwise."""
+
+    @jax.custom_jvp
+    def pair(y):
+        return jnp.stack([y[0] * y[1], y[0] * y[1]])
+
+    @pair.defjvp
+    def rule(primals, tangents):
+        (y,), (dy,) = primals, tangents
+        d = y[1] * dy[0] + twist * y[0] * dy[1]
+        return pair(y), jnp.stack([d, d])
+
+    return pair
+
+
+@pytest.mark.parametrize("twist", [1.0, 2.0])
+def test_non_conservative_custom_jvp(twist):
+    """The caveat `docs/guides/forward-mode.md` states: reverse over reverse assumes
+    a symmetric Hessian. With a non-conservative rule, `jax.hessian` still equals
+    JAX's on an unrolled loop and `jacrev(jacrev)` is its transpose."""
+    pair = _product_with_rule(twist)
+
+    def body(carry):
+        y, i = carry
+        return y + 0.1 * jnp.sin(pair(y)), i + 1
+
+    def unrolled(y):
+        carry = (y, 0)
+        for _ in range(5):
+            carry = body(carry)
+        return jnp.sum(carry[0] ** 2)
+
+    def loop(y):
+        out = bl.while_loop(
+            lambda c: c[1] < 5, body, (y, 0), max_steps=8, checkpoints=2
+        )
+        return jnp.sum(out[0] ** 2)
+
+    y0 = jnp.array([0.4, -0.7])
+    hessian = jax.hessian(unrolled)(y0)
+    assert tree_allclose(jax.hessian(loop)(y0), hessian, rtol=1e-5)
+    assert tree_allclose(jax.jacrev(jax.jacrev(unrolled))(y0), hessian, rtol=1e-5)
+    reverse_over_reverse = jax.jacrev(jax.jacrev(loop))(y0)
+    assert tree_allclose(reverse_over_reverse, hessian.T, rtol=1e-5)
+    symmetric = tree_allclose(hessian, hessian.T, rtol=1e-3)
+    assert symmetric == (twist == 1.0)
