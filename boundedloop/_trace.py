@@ -150,14 +150,18 @@ class LoopConfig(eqx.Module):
     stop_check: str | None = eqx.field(static=True, default=None)
 
 
-def _generic_body(body_fun, layout: Layout, like, name: str, gate=None):
-    """The body on split arrays, with `Buffer` objects standing in for buffers."""
+def _generic_body(
+    body_fun, layout: Layout, like, name: str, gate=None, record: dict | None = None
+):
+    """The body on split arrays, with `Buffer` objects standing in for buffers;
+    `record`, if given, receives the body's own output as shapes and its
+    `StepTrace`, and buffers are read plainly (see `_trace_once`)."""
 
     def generic(step: StepIn) -> StepOut:
         written = step.written
         trace = StepTrace(
             step.bufs,
-            step.dummies,
+            None if record is not None else step.dummies,
             step.active,
             None if written is None else written[0],
             layout.shared,
@@ -165,6 +169,13 @@ def _generic_body(body_fun, layout: Layout, like, name: str, gate=None):
         )
         views = [Buffer(trace, k) for k in range(len(step.bufs))]
         out = body_fun(layout.rebuild(step.x, views))
+        if record is not None:
+            arrays = jtu.tree_map(
+                lambda v: trace.arrays[v._leaf] if isinstance(v, Buffer) else v,
+                out,
+                is_leaf=lambda v: isinstance(v, Buffer),
+            )
+            record["out"], record["trace"] = _as_shapes(arrays), trace
         out = _returns_weak_scalars_cast(out, like)
         is_buffer = lambda v: isinstance(v, Buffer)  # noqa: E731
         out_dynamic = eqx.filter(
@@ -203,6 +214,12 @@ def trace_loop(
     leaves, treedef = jtu.tree_flatten(dynamic)
     layout = Layout(treedef, static, buffer_pos, (), (), ())
     x0, bufs0 = layout.split(leaves)
+    if not (buffer_pos and buffer_checks_enabled()):
+        traced = _trace_once(
+            cond_fun, body_fun, init_val, layout, x0, bufs0, name, gate
+        )
+        if traced is not None:
+            return traced
     out, (access, shared) = _shape_and_static(
         _buffer_access(body_fun, layout), x0, bufs0
     )
@@ -250,6 +267,79 @@ def trace_loop(
     return TracedLoop(
         body, cond, checked, init, tuple(strong(v) for v in bufs0), layout
     )
+
+
+def _like(treedef, static, leaves):
+    """The carry's shapes and dtypes, static leaves in place."""
+    shapes = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in leaves]
+    return eqx.combine(jtu.tree_unflatten(treedef, shapes), static)
+
+
+def _as_shapes(tree):
+    """`tree` with its arrays as `jax.ShapeDtypeStruct`s, exactly as
+    `eqx.filter_eval_shape` returns them (a NumPy constant is strongly typed)."""
+
+    def shape(v):
+        if not eqx.is_array(v):
+            return v
+        weak = isinstance(v, jax.Array) and jax.typeof(v).weak_type
+        return jax.ShapeDtypeStruct(np.shape(v), v.dtype, weak_type=weak)
+
+    return jtu.tree_map(shape, tree)
+
+
+def _trace_once(cond_fun, body_fun, init_val, layout: Layout, x0, bufs0, name, gate):
+    """`trace_loop` tracing `body_fun` once (twice when `lax.while_loop`'s
+    weak-type promotion changes a type): the carry's types and the buffers' writes
+    are read off the trace the loop runs, so that nested loops do not trace their
+    bodies twice per level. `None` where that trace cannot be the loop's: the body
+    reads a buffer (its reads' tangents enter as inputs whose shapes only a first
+    trace tells), or its output does not fit the carry (the general path then
+    raises the error that names the leaf)."""
+    treedef, static = layout.treedef, layout.static
+    for _ in range(2):
+        like = _like(treedef, static, layout.merge(x0, bufs0))
+        record = {}
+        generic = _generic_body(body_fun, layout, like, name, gate, record)
+        example = StepIn(tuple(x0), tuple(bufs0), (), jnp.array(True), None)
+        try:
+            body = closure_convert(generic, example)
+        except (TypeError, ValueError):
+            return None
+        out, trace = record["out"], record["trace"]
+        if jtu.tree_structure(out) != jtu.tree_structure(init_val):
+            return None
+        promoted, changed = promote_weak_inputs(
+            x0, layout.split(_out_avals(out, init_val))[0]
+        )
+        if not changed:
+            break
+        x0 = tuple(promoted)
+    else:
+        return None
+    weak_out = tuple(is_weak(o) for o in _out_avals(out, init_val))
+    check_carry_match(like, _returns_weak_scalars_cast(out, like), name)
+    access = (
+        tuple(shape for _, _, shape in trace.reads),
+        tuple(leaf for leaf, _, _ in trace.reads),
+        tuple(w.leaf for w in trace.writes),
+    )
+    shared = frozenset(trace.shared)
+    layout = Layout(treedef, static, layout.buffer_pos, *access, weak_out, shared)
+    if trace.reads:
+        # the reads' tangents are inputs of the body the loop runs, with the
+        # shapes this trace found: trace it again with them
+        generic = _generic_body(body_fun, layout, like, name, gate)
+        example = example._replace(dummies=layout.read_stand_ins())
+        body = closure_convert(generic, example)
+
+    def cond_dynamic(x, bufs):
+        return cond_fun(layout.rebuild(x, bufs))
+
+    check_predicate(eqx.filter_eval_shape(cond_dynamic, x0, bufs0), name)
+    cond = closure_convert(cond_dynamic, x0, bufs0)
+    init = tuple(strong(v) for v in x0)
+    return TracedLoop(body, cond, None, init, tuple(strong(v) for v in bufs0), layout)
 
 
 def _out_avals(out, init) -> list:

@@ -279,3 +279,68 @@ def test_jax_internals_are_imported_in_one_module():
             if any(n == "jax._src" or n.startswith("jax._src.") for n in names):
                 importers.add(path.name)
     assert importers == {"_jax_private.py"}
+
+
+def _nested_loops(depth, counter, carry_init=0.0):
+    """`depth` nested loops around a body that counts its Python runs."""
+
+    def run(x, d):
+        if d == 0:
+            counter.append(1)
+            return jnp.sin(x) * 1.01
+
+        def body(carry):
+            i, y = carry
+            return i + 1, run(y, d - 1)
+
+        return bl.while_loop(lambda c: c[0] < 3, body, (0, x), max_steps=4)[1]
+
+    return lambda x: run(x, depth)
+
+
+@pytest.mark.parametrize("depth", [1, 2, 4])
+def test_body_traced_once_at_any_depth(depth):
+    """Tracing is paid at every compile: the innermost body of nested loops is
+    traced once, forward and gradient alike, as `lax.while_loop`'s is."""
+    counter = []
+    f = _nested_loops(depth, counter)
+    jax.make_jaxpr(f)(1.0)
+    assert len(counter) == 1
+    counter.clear()
+    jax.make_jaxpr(jax.grad(f))(1.0)
+    assert len(counter) == 1
+
+
+def test_body_traced_again_only_when_promotion_changes_a_type():
+    traces = []
+
+    def body(carry):
+        traces.append(1)
+        i, x = carry
+        return i + 1, x + jnp.float32(0.5)  # a weak `0` becomes float32
+
+    out = bl.while_loop(lambda c: c[0] < 3, body, (0, 0), max_steps=4)
+    assert len(traces) == 2 and out[1].dtype == jnp.float32
+    traces.clear()
+    bl.while_loop(lambda c: c[0] < 3, body, (0, jnp.float32(0.0)), max_steps=4)
+    assert len(traces) == 1
+
+
+def test_body_with_buffers_traced_once_unless_it_reads_them():
+    """A body that only writes its buffers is traced once; one that reads them
+    twice (the reads' tangents enter its trace as inputs, shaped by a first
+    trace)."""
+    for read, expected in ((False, 1), (True, 2)):
+        traces = []
+
+        def body(carry, read=read, traces=traces):
+            traces.append(1)
+            i, x, buf = carry
+            y = buf[i - 1] if read else x
+            return i + 1, x, buf.at[i].set(y * 2.0)
+
+        init = (1, jnp.float32(1.0), jnp.zeros(4))
+        bl.while_loop(
+            lambda c: c[0] < 4, body, init, max_steps=4, buffers=lambda c: c[2]
+        )
+        assert len(traces) == expected
