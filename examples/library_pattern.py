@@ -1,11 +1,11 @@
 """The library pattern: accept any user callable, stay jittable end to end.
 
 `solve` below is what a library author writes: a fixed-point solver that takes a
-user's function (a plain function, a closure, or a `jax.tree_util.Partial` holding
-arrays and non-array configuration). It never calls `jax.jit` itself and never asks
-which arguments are static. The user jits and differentiates the whole thing with
-`bl.filter_jit` / `bl.filter_grad`; arrays inside the `Partial` are traced and get
-gradients, everything else is static.
+user's function (a plain function, a closure, or a `jax.tree_util.Partial`
+holding arrays and non-array configuration). It never calls `jax.jit` itself and
+never asks which arguments are static. The user jits and differentiates the
+whole thing with `bl.filter_jit` / `bl.filter_grad`; arrays inside the `Partial`
+are traced and get gradients, everything else is static.
 
     python examples/library_pattern.py
 """
@@ -19,11 +19,12 @@ import jax.tree_util as jtu
 import boundedloop as bl
 
 
-# ---- library code -----------------------------------------------------------------
+# ---- library code ------------------------------------------------------------
 
 
 class _FixedPoint(bl.LoopModule):
-    fn: Callable  # the user's callable: its arrays are traced, the rest is static
+    # the user's callable: its arrays are traced, the rest is static
+    fn: Callable
     tol: float
 
     def cond(self, carry):
@@ -47,7 +48,7 @@ def solve(fn: Callable, y0: jax.Array, *, max_steps: int, tol: float = 1e-6):
     return y, steps
 
 
-# ---- user code ----------------------------------------------------------------------
+# ---- user code ---------------------------------------------------------------
 
 
 def damped_update(weights, mode, y):
@@ -85,7 +86,8 @@ def main():
     got = grads.args[0]
     err = max(float(jnp.max(jnp.abs(got[k] - expected[k]))) for k in weights)
     print(
-        f"gradient w.r.t. the Partial's arrays matches the unrolled loop to {err:.1e}"
+        "gradient w.r.t. the Partial's arrays matches the unrolled loop to "
+        f"{err:.1e}"
     )
     # a different static configuration retraces; new array values do not
     fn2 = jtu.Partial(damped_update, weights, "sigmoid")

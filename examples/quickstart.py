@@ -1,14 +1,15 @@
 """Quickstart: the gradient of an adaptive loop costs the steps it takes.
 
-An MLP step `x -> mlp(x)` (1 -> 256 -> tanh -> 256 -> tanh -> 1) is applied until a
-counter reaches 8; `max_steps` is only a bound. For growing `max_steps` this prints
-the time of one compiled gradient and its temporary memory, for `bl.while_loop` and
-for the usual workaround, nested `lax.scan` + `lax.cond`. The `bl.while_loop` gradient
-stays flat; the nested loop's grows with `max_steps`, so it is run only up to
-`max_steps=512` and its cost at 4096 is estimated from the 512 row.
+An MLP step `x -> mlp(x)` (1 -> 256 -> tanh -> 256 -> tanh -> 1) is applied
+until a counter reaches 8; `max_steps` is only a bound. For growing `max_steps`
+this prints the time of one compiled gradient and its temporary memory, for
+`bl.while_loop` and for the usual workaround, nested `lax.scan` + `lax.cond`.
+The `bl.while_loop` gradient stays flat; the nested loop's grows with
+`max_steps`, so it is run only up to `max_steps=512` and its cost at 4096 is
+estimated from the 512 row.
 
     python examples/quickstart.py            # 12 to 18 s on 2 CPU cores
-    python examples/quickstart.py --quick    # a smaller model, max_steps 8 and 64
+    python examples/quickstart.py --quick    # smaller: max_steps 8 and 64
 """
 
 import argparse
@@ -54,7 +55,9 @@ def make_loss(loop, max_steps):
             return carry[1] < 8
 
         if loop == "boundedloop":
-            out = bl.while_loop(cond, body, (x, 0), max_steps=max_steps, checkpoints=8)
+            out = bl.while_loop(
+                cond, body, (x, 0), max_steps=max_steps, checkpoints=8
+            )
         else:
             out = nested_scan_loop(cond, body, (x, jnp.array(0)), max_steps)
         return jnp.sum(out[0])
@@ -77,7 +80,8 @@ def nbytes(n):
 
 
 def timed(f, *args, reps=5, min_time=0.2):
-    """Best wall time of `f(*args)` over at least `reps` runs and `min_time` s."""
+    """Best wall time of `f(*args)` over at least `reps` runs and `min_time`
+    seconds."""
     jax.block_until_ready(f(*args))
     best, runs, start = float("inf"), 0, time.perf_counter()
     while runs < reps or time.perf_counter() - start < min_time:
@@ -105,7 +109,9 @@ def main(quick=False):
         "best time of the compiled gradient and its temporary memory.",
         flush=True,
     )
-    print(f"{'max_steps':>9} | {'bl.while_loop':<22} | nested lax.scan + lax.cond")
+    print(
+        f"{'max_steps':>9} | {'bl.while_loop':<22} | nested lax.scan + lax.cond"
+    )
     print(f"{'-' * 9}-+-{'-' * 22}-+-{'-' * 26}", flush=True)
     results, grads, last, note = {}, {}, None, None
     for m in ours_steps:
@@ -121,16 +127,17 @@ def main(quick=False):
             last = (m, theirs, their_mem)
             theirs_text = f"{theirs * 1e3:8.2f} ms {nbytes(their_mem):>10}"
         else:
-            # its time and memory grow linearly with max_steps: estimate from the
-            # largest size run instead of running it
+            # its time and memory grow linearly with max_steps: estimate from
+            # the largest size run instead of running it
             m0, t0, mem0 = last
             theirs = None
             theirs_text = (
-                f"(skipped: would take ~{t0 * m / m0:.1f} s, ~{nbytes(mem0 * m / m0)})"
+                f"(skipped: would take ~{t0 * m / m0:.1f} s, "
+                f"~{nbytes(mem0 * m / m0)})"
             )
             note = (
-                f"(skipped row estimated as {m // m0}x the {m0} row: the nested "
-                "loop grows linearly)"
+                f"(skipped row estimated as {m // m0}x the {m0} row: the "
+                "nested loop grows linearly)"
             )
         results[m] = (ours, theirs)
         print(f"{m:>9} | {ours_text} | {theirs_text}", flush=True)
@@ -154,7 +161,7 @@ if __name__ == "__main__":
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="a smaller model (width 64) and only max_steps 8 and 64, for a smoke "
-        "test (a few seconds)",
+        help="a smaller model (width 64) and only max_steps 8 and 64, for a "
+        "smoke test (a few seconds)",
     )
     main(parser.parse_args().quick)

@@ -1,11 +1,11 @@
 """Training through an adaptive-step ODE solver.
 
 The model is a neural vector field `f(y)` (an `eqx.nn.MLP`) integrated from 0 to
-`T` by an adaptive Heun-Euler solver: each step estimates its own error and the step
-size follows, so every trajectory takes its own number of steps (printed before and
-after training). The loop is a `bl.LoopModule`; training is
-`bl.filter_value_and_grad` + optax under `bl.filter_jit`, vmapped over a batch of
-initial conditions.
+`T` by an adaptive Heun-Euler solver: each step estimates its own error and the
+step size follows, so every trajectory takes its own number of steps (printed
+before and after training). The loop is a `bl.LoopModule`; training is
+`bl.filter_value_and_grad` + optax under `bl.filter_jit`, vmapped over a batch
+of initial conditions.
 
     python examples/train.py [--steps N]
 """
@@ -49,14 +49,17 @@ class AdaptiveHeun(bl.LoopModule):
         return t, y, h * factor, steps + 1
 
     def solve(self, y0, max_steps=256):
-        """The state at `t_end`, the time reached and the number of loop steps (each
-        an accepted or a rejected step)."""
-        t, y, _, steps = self.run((0.0, y0, 0.1, 0), max_steps=max_steps, checkpoints=8)
+        """The state at `t_end`, the time reached and the number of loop steps
+        (each an accepted or a rejected step)."""
+        t, y, _, steps = self.run(
+            (0.0, y0, 0.1, 0), max_steps=max_steps, checkpoints=8
+        )
         return y, t, steps
 
 
 def dataset(key, size=32, t_end=2.0):
-    """Initial conditions and their exact states at `t_end` under a damped rotation."""
+    """Initial conditions and their exact states at `t_end` under a damped
+    rotation."""
     a = jnp.array([[-0.1, 2.0], [-2.0, -0.1]])
     y0 = jax.random.normal(key, (size, 2))
     y1 = y0 @ jax.scipy.linalg.expm(a * t_end).T
@@ -66,19 +69,26 @@ def dataset(key, size=32, t_end=2.0):
 def main(steps=300, seed=0):
     data_key, model_key = jax.random.split(jax.random.key(seed))
     y0, y1 = dataset(data_key)
-    model = AdaptiveHeun(eqx.nn.MLP(2, 2, 32, 2, activation=jnp.tanh, key=model_key))
+    model = AdaptiveHeun(
+        eqx.nn.MLP(2, 2, 32, 2, activation=jnp.tanh, key=model_key)
+    )
     optim = optax.adam(1e-2)
     opt_state = optim.init(eqx.filter(model, eqx.is_inexact_array))
 
     def report_steps(model, when):
-        _, t, steps = bl.filter_jit(lambda m, y: jax.vmap(m.solve)(y))(model, y0)
-        print(f"{when}: final time {float(jnp.min(t)):.3f} .. {float(jnp.max(t)):.3f}")
+        _, t, steps = bl.filter_jit(lambda m, y: jax.vmap(m.solve)(y))(
+            model, y0
+        )
+        t_min, t_max = float(jnp.min(t)), float(jnp.max(t))
+        print(f"{when}: final time {t_min:.3f} .. {t_max:.3f}")
         print(
-            f"  loop steps per trajectory (max_steps=256), {int(jnp.min(steps))} .. "
-            f"{int(jnp.max(steps))}:"
+            "  loop steps per trajectory (max_steps=256), "
+            f"{int(jnp.min(steps))} .. {int(jnp.max(steps))}:"
         )
         for row in range(0, len(steps), 16):
-            print("  " + " ".join(f"{int(n):3d}" for n in steps[row : row + 16]))
+            print(
+                "  " + " ".join(f"{int(n):3d}" for n in steps[row : row + 16])
+            )
         return steps
 
     def loss_fn(model, y0, y1):

@@ -1,6 +1,6 @@
-"""The docs: every public name is documented on an API page, and the built site
-shows each example's code (a snippet marker that stopped being one is not an error
-for `mkdocs build --strict`, so it is checked here)."""
+"""The docs: every public name is documented on an API page, the built site shows
+each example's code (a snippet marker that stopped being one is not an error for
+`mkdocs build --strict`, so it is checked here), and code fits the page."""
 
 import ast
 import html.parser
@@ -16,7 +16,8 @@ import boundedloop as bl
 
 
 ROOT = pathlib.Path(__file__).parent.parent
-API = ROOT / "docs" / "api"
+DOCS = ROOT / "docs"
+API = DOCS / "api"
 EXAMPLES = ROOT / "examples"
 EXAMPLE_PAGES = ROOT / "docs" / "examples"
 
@@ -125,3 +126,42 @@ def test_no_page_shows_a_snippet_marker(site):
             line = text[match.start() : text.find("\n", match.start())]
             shown.append(f"{path.relative_to(site)}: {line.strip()}")
     assert not shown, "snippet markers shown as text:\n" + "\n".join(shown)
+
+
+# the widest code line a page shows without a horizontal scroll bar at a 1280 px
+# window (Material's content column; measured with headless Chromium)
+CODE_COLUMNS = 80
+
+
+def _fenced_code_lines(text):
+    """`(line number, line)` of each line inside a fenced code block."""
+    fence = None
+    for number, line in enumerate(text.splitlines(), 1):
+        marker = re.match(r"\s*(`{3,}|~{3,})", line)
+        if fence is None:
+            if marker:
+                fence = marker.group(1)
+        elif marker and line.strip() == fence:
+            fence = None
+        else:
+            yield number, line
+
+
+def test_code_fits_the_page():
+    """Code blocks in the docs, and the examples they show whole, fit in
+    `CODE_COLUMNS` columns (the tables in `docs/generated/` are not code)."""
+    wide = []
+    for path in sorted(DOCS.rglob("*.md")):
+        if "generated" in path.relative_to(DOCS).parts:
+            continue
+        for number, line in _fenced_code_lines(path.read_text(encoding="utf-8")):
+            if len(line) > CODE_COLUMNS:
+                wide.append(f"{path.relative_to(ROOT)}:{number}: {len(line)} columns")
+    for path in sorted(EXAMPLES.glob("*.py")):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if len(line) > CODE_COLUMNS:
+                wide.append(f"{path.relative_to(ROOT)}:{number}: {len(line)} columns")
+    assert not wide, (
+        f"code lines wider than {CODE_COLUMNS} columns scroll sideways on the site "
+        "at a 1280 px window:\n" + "\n".join(wide)
+    )

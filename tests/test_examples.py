@@ -33,3 +33,11 @@ def test_train_loss_falls():
     with jax.numpy_dtype_promotion("standard"):
         losses = load("train").main(steps=100)
     assert losses[-1] < 0.05 * losses[0]
+
+
+def test_neural_ode_loss_falls():
+    pytest.importorskip("diffrax")
+    # optax itself relies on standard dtype promotion
+    with jax.numpy_dtype_promotion("standard"):
+        losses = load("neural_ode").main(steps=30)
+    assert losses[-1] < 0.5 * losses[0]
