@@ -33,9 +33,8 @@ def dataset(key, size=16):
     rotation: shapes `(size, 2)` and `(size, len(TS), 2)`."""
     a = jnp.array([[-0.1, 2.0], [-2.0, -0.1]])
     y0 = jax.random.normal(key, (size, 2))
-    flows = jax.vmap(lambda t: jax.scipy.linalg.expm(a * t))(
-        TS
-    )  # (len(TS), 2, 2)
+    # the exact flow from 0 to each time in TS: shape (len(TS), 2, 2)
+    flows = jax.vmap(lambda t: jax.scipy.linalg.expm(a * t))(TS)
     ys = jnp.einsum("tij,bj->bti", flows, y0)
     return y0, ys
 
@@ -60,9 +59,8 @@ def solve(model, y0):
 
 
 def loss_fn(model, y0, ys):
-    pred = jax.vmap(solve, in_axes=(None, 0))(
-        model, y0
-    )  # the batch, in the loss
+    # the whole batch, vmapped inside the loss
+    pred = jax.vmap(solve, in_axes=(None, 0))(model, y0)
     return jnp.mean((pred - ys) ** 2)
 
 

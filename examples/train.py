@@ -76,9 +76,8 @@ def main(steps=300, seed=0):
     opt_state = optim.init(eqx.filter(model, eqx.is_inexact_array))
 
     def report_steps(model, when):
-        _, t, steps = bl.filter_jit(lambda m, y: jax.vmap(m.solve)(y))(
-            model, y0
-        )
+        solve_batch = bl.filter_jit(lambda m, y: jax.vmap(m.solve)(y))
+        _, t, steps = solve_batch(model, y0)
         t_min, t_max = float(jnp.min(t)), float(jnp.max(t))
         print(f"{when}: final time {t_min:.3f} .. {t_max:.3f}")
         print(
