@@ -1,0 +1,140 @@
+"""Small and undifferentiated diffrax solves: `CheckpointedAdjoint()` against
+`RecursiveCheckpointAdjoint()` where fixed costs and compile time dominate
+(issue 30, items 3 and 4), side by side in one process.
+
+    python benchmarks/small_solves.py [--rounds 200] [--compiles 5] [--out FILE]
+
+- **Compile** (item 3): trace + lower and XLA compile of `jax.jit` of a forward-only
+  solve and of its gradient, `Tsit5` (explicit, PID controller) and `Kvaerno5`
+  (implicit: step loop, stage loop, Newton loop), on `y' = -a0 y + a1` with a state
+  of 4, `t` in [0, 3]. Each compile is of a fresh function (no cache), the two
+  adjoints alternating; medians of `--compiles`.
+- **Fixed cost per step** (item 4): `jax.jit(jax.grad(...))` of a 100-step,
+  constant-step `Tsit5` solve of the same field on states of 1, 2, 4 and 64
+  elements, `SaveAt(t1)`; medians of interleaved rounds after warm-up.
+
+Prints markdown tables; ratios are ours over RCA within this run.
+"""
+
+import argparse
+import random
+import statistics
+import time
+
+import diffrax
+import jax
+import jax.numpy as jnp
+from _common import interleaved_medians, write_results
+
+from boundedloop.diffrax import CheckpointedAdjoint
+
+
+ADJOINTS = {
+    "RCA": diffrax.RecursiveCheckpointAdjoint,
+    "ours": CheckpointedAdjoint,
+}
+
+
+def field(t, y, a):
+    return -a[0] * y + a[1]
+
+
+def solve(y0, a, adjoint, solver, constant_steps):
+    if constant_steps:
+        dt0, controller, t1 = 0.01, diffrax.ConstantStepSize(), 1.0
+    else:
+        dt0, controller, t1 = 0.1, diffrax.PIDController(rtol=1e-5, atol=1e-5), 3.0
+    return diffrax.diffeqsolve(
+        diffrax.ODETerm(field),
+        solver,
+        0.0,
+        t1,
+        dt0,
+        y0,
+        args=a,
+        stepsize_controller=controller,
+        adjoint=adjoint,
+        saveat=diffrax.SaveAt(t1=True),
+        max_steps=4096,
+    ).ys
+
+
+def make(name, solver_cls, grad, constant_steps=False):
+    """A fresh function (a new closure each call, so `jax.jit` has no cache)."""
+    adjoint = ADJOINTS[name]()
+    solver = solver_cls()
+
+    def forward(y0, a):
+        return solve(y0, a, adjoint, solver, constant_steps)
+
+    if grad:
+        return jax.grad(lambda y0, a: jnp.sum(forward(y0, a) ** 2), argnums=1)
+    return forward
+
+
+def compile_seconds(fn, *args):
+    t0 = time.perf_counter()
+    lowered = jax.jit(fn).lower(*args)
+    t1 = time.perf_counter()
+    lowered.compile()
+    return t1 - t0, time.perf_counter() - t1
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--compiles", type=int, default=5)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    a = jnp.array([0.7, 0.3])
+    results = {"compile": {}, "fixed_cost": {}}
+
+    print("## Compile (trace + lower, XLA compile; seconds, medians)\n")
+    print("| solve | RCA | ours | ours / RCA (total) |")
+    print("|---|---:|---:|---:|")
+    rng = random.Random(0)
+    for solver_cls in (diffrax.Tsit5, diffrax.Kvaerno5):
+        for grad in (False, True):
+            samples = {k: [] for k in ADJOINTS}
+            order = list(ADJOINTS)
+            y0 = jnp.ones(4)
+            for _ in range(args.compiles):
+                rng.shuffle(order)
+                for k in order:
+                    samples[k].append(compile_seconds(make(k, solver_cls, grad), y0, a))
+            med = {
+                k: tuple(statistics.median(p) for p in zip(*v))
+                for k, v in samples.items()
+            }
+            label = f"{solver_cls.__name__} {'gradient' if grad else 'forward'}"
+            ratio = sum(med["ours"]) / sum(med["RCA"])
+            results["compile"][label] = {**med, "ratio": ratio}
+            cells = " | ".join(
+                f"{med[k][0]:.2f} + {med[k][1]:.2f}" for k in ("RCA", "ours")
+            )
+            print(f"| {label} | {cells} | {ratio:.2f} |")
+
+    print("\n## Gradient of a 100-step constant-step Tsit5 solve (ms, medians)\n")
+    print("| state | RCA | ours | ours / RCA |")
+    print("|---:|---:|---:|---:|")
+    for size in (1, 2, 4, 64):
+        y0 = jnp.linspace(0.5, 1.5, size)
+        fns = {
+            k: jax.jit(make(k, diffrax.Tsit5, True, constant_steps=True))
+            for k in ADJOINTS
+        }
+        for fn in fns.values():  # warm-up
+            jax.block_until_ready(fn(y0, a))
+        med = interleaved_medians(fns, {k: (y0, a) for k in fns}, args.rounds)
+        ratio = med["ours"] / med["RCA"]
+        results["fixed_cost"][size] = {**med, "ratio": ratio}
+        print(
+            f"| {size} | {1e3 * med['RCA']:.3f} | {1e3 * med['ours']:.3f} "
+            f"| {ratio:.2f} |"
+        )
+    if args.out:
+        write_results(args.out, rounds=args.rounds, **results)
+
+
+if __name__ == "__main__":
+    main()
