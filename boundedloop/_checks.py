@@ -65,6 +65,10 @@ def buffer_checks(enabled: bool = True):
         out = jax.jit(f)(x)   # f calls bl.while_loop(..., buffers=...)
     ```
 
+    The switch is part of JAX's cache key, so it may be entered after a first call.
+    `bl.scan` (and `bl.fori_loop`) turn it off for everything in their body, inner
+    loops included; enter the block inside the body to check those.
+
     **Arguments:**
 
     - `enabled`: whether to check.

@@ -86,9 +86,11 @@ def progress_meter(
         out = jax.jit(f)(x)   # f calls bl.while_loop(..., max_steps=10**6)
     ```
 
-    Needs tqdm (`pip install tqdm`, or `pip install -e '.[progress]'` in a checkout) unless `tqdm_class` is
-    given. Like `bl.max_steps_check`, the setting is read when the loop is traced,
-    and JAX caches traces by function: enter the block before the first call.
+    Needs tqdm (`pip install tqdm`, or `pip install -e '.[progress]'` in a
+    checkout) unless `tqdm_class` is given. The setting is read when the loop is
+    traced and, unlike `bl.max_steps_check`'s, is not part of JAX's cache key: enter
+    the block before the first call of a jitted function (a function traced inside
+    it keeps its bar afterwards; `jax.clear_caches()` forgets it).
 
     **Arguments:**
 
