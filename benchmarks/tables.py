@@ -623,6 +623,38 @@ def diffrax_suite_table() -> str:
     return _text(lines)
 
 
+# --- scaling out: benchmarks/distributed.py ------------------------------------
+
+
+def distributed_table() -> str:
+    """Under `jax.distributed`: time per call of `jit(vmap)` and `shard_map(vmap)`,
+    forward and gradient, and the all-reduce ops in each compiled loop condition
+    (the scaling-out guide)."""
+    data = _json("distributed.json")
+    by = {(r["variant"], r["kind"]): r for r in data["rows"]}
+    out = []
+    for kind in ("forward", "gradient"):
+        batched, per_device = (by[(v, kind)] for v in ("jit(vmap)", "shard_map(vmap)"))
+        out.append(
+            [
+                kind,
+                milliseconds(batched["seconds"] * 1e3),
+                milliseconds(per_device["seconds"] * 1e3),
+                f"{batched['seconds'] / per_device['seconds']:.3g}",
+                f"{batched['all_reduce_in_loop_conditions']} / "
+                f"{per_device['all_reduce_in_loop_conditions']}",
+            ]
+        )
+    header = [
+        "per call",
+        "`jit(vmap)`",
+        "`shard_map(vmap)`",
+        "ratio",
+        "all-reduces in loop conditions",
+    ]
+    return _text(_table(header, out, ["---"] + ["---:"] * 4))
+
+
 # --- all of them ----------------------------------------------------------------
 
 # docs/generated/<name>.md for each name
@@ -641,6 +673,7 @@ GENERATORS = {
     "diffrax_wide": lambda: diffrax_table("wide"),
     "diffrax_summary": diffrax_summary_table,
     "diffrax_suite": diffrax_suite_table,
+    "distributed": distributed_table,
 }
 
 
