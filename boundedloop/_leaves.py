@@ -51,6 +51,19 @@ def zero_ct(x):
     return np.zeros(shape, jax.dtypes.float0)
 
 
+def jvp_at(fn, args: list, where, tangents) -> tuple[list, list]:
+    """`jax.jvp` of `fn(args)` (a list to a list) with respect to the arguments at
+    positions `where` only, in the directions `tangents`: `(outputs, tangents)`."""
+
+    def at(moving):
+        full = list(args)
+        for k, m in zip(where, moving):
+            full[k] = m
+        return fn(full)
+
+    return jax.jvp(at, ([args[k] for k in where],), (list(tangents),))
+
+
 def flat(tree):
     """`tree`'s arrays as a list, and the function rebuilding `tree` from such a
     list."""

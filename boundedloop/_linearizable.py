@@ -13,6 +13,7 @@ import jax
 from jax.custom_derivatives import SymbolicZero
 
 from ._jax_private import closed_jaxpr, jvp_jaxpr
+from ._leaves import jvp_at
 from ._loop_jvp import is_inexact, loop_jvp, Passes, Spec
 from ._loop_tangent import loop_tangent, THIRD_ORDER_REVERSE
 
@@ -62,13 +63,7 @@ def linearizable(
             return outs, [SymbolicZero(a.to_tangent_aval()) for a in out_avals]
 
         def one_pass(ps, ts):
-            def at(moving):
-                args = list(ps)
-                for k, m in zip(where, moving):
-                    args[k] = m
-                return fn(args)
-
-            out, t_out = jax.jvp(at, ([ps[k] for k in where],), (list(ts),))
+            out, t_out = jvp_at(fn, ps, where, ts)
             return list(out) + [t for t, f in zip(t_out, inexact) if f]
 
         if two_pass is None:

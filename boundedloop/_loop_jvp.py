@@ -45,6 +45,7 @@ from ._jax_private import (
     set_current_trace,
     Tracer,
 )
+from ._leaves import jvp_at
 from ._loop_tangent import loop_tangent, THIRD_ORDER_REVERSE
 
 
@@ -187,14 +188,10 @@ def _lift(fn, spec: Spec, nonzero):
     where = [k for k, nz in enumerate(nonzero) if nz]
 
     def lifted(primals, tangents):
-        def at(moving):
-            args = list(primals)
-            for k, m in zip(where, moving):
-                args[k] = m
+        def flat_fn(args):
             return fn(args[: spec.n_primals], args[spec.n_primals :])
 
-        moving = [primals[k] for k in where]
-        out, t_out = jax.jvp(at, (moving,), (list(tangents),))
+        out, t_out = jvp_at(flat_fn, primals, where, tangents)
         return list(out) + [t for a, t in zip(spec.out_avals, t_out) if is_inexact(a)]
 
     return lifted

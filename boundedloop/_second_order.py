@@ -25,6 +25,7 @@ from ._leaves import (
     everywhere,
     flat,
     inexact_array,
+    jvp_at,
     pick,
     Residuals,
     spread,
@@ -118,14 +119,7 @@ class ReverseOverAnything:
             perturbed = self._perturbed_by(self._loop(primals), wanted)
 
             def jvp_fn(res, ts):
-                def at(moving):
-                    args = list(res[:n])
-                    for k, m in zip(where, moving):
-                        args[k] = m
-                    return sweep(args)
-
-                moving = [res[k] for k in where]
-                t_out = jax.jvp(at, (moving,), (list(ts),))[1]
+                t_out = jvp_at(sweep, res[:n], where, ts)[1]
                 return [t for t, f in zip(t_out, inexact) if f]
 
             def vjp_fn(res, cts):
@@ -248,13 +242,7 @@ class ReverseOverAnything:
             outs = reverse(list(primals))
 
             def jvp_fn(res, ts):
-                def at(moving):
-                    args = list(res)
-                    for k, m in zip(where, moving):
-                        args[k] = m
-                    return reverse(args)
-
-                t_out = jax.jvp(at, ([res[k] for k in where],), (list(ts),))[1]
+                t_out = jvp_at(reverse, res, where, ts)[1]
                 return [t for t, f in zip(t_out, with_tangent) if f]
 
             def vjp_fn(res, w):
