@@ -9,14 +9,23 @@
   (implicit: step loop, stage loop, Newton loop), on `y' = -a0 y + a1` with a state
   of 4, `t` in [0, 3]. Each compile is of a fresh function (no cache), the two
   adjoints alternating; medians of `--compiles`.
+- **The one-kernel limit**: `jax.jit(jax.grad(...))` of a 1000-step
+  `bl.while_loop` on a one-element state with 36 and 37 checkpoints, where the
+  checkpoint storage crosses XLA's limit (see below).
 - **Fixed cost per step** (item 4): `jax.jit(jax.grad(...))` of a 100-step,
   constant-step `Tsit5` solve of the same field on states of 1, 2, 4 and 64
   elements, `SaveAt(t1)`; medians of interleaved rounds after warm-up.
 
-Prints markdown tables; ratios are ours over RCA within this run.
+Prints markdown tables; ratios are ours over RCA within this run. The results record
+`XLA_FLAGS`: on CPU, XLA compiles a while loop into one kernel only when the bytes
+its operations touch stay under `xla_cpu_small_while_loop_byte_threshold` (1 kB by
+default), which decides the fixed cost per step of small solves; run with
+`XLA_FLAGS=--xla_backend_extra_options=xla_cpu_small_while_loop_byte_threshold=65536`
+to measure both loops with the limit raised.
 """
 
 import argparse
+import os
 import random
 import statistics
 import time
@@ -26,6 +35,7 @@ import jax
 import jax.numpy as jnp
 from _common import interleaved_medians, write_results
 
+import boundedloop as bl
 from boundedloop.diffrax import CheckpointedAdjoint
 
 
@@ -70,6 +80,21 @@ def make(name, solver_cls, grad, constant_steps=False):
     if grad:
         return jax.grad(lambda y0, a: jnp.sum(forward(y0, a) ** 2), argnums=1)
     return forward
+
+
+def scalar_loop(checkpoints):
+    def loss(x):
+        def body(carry):
+            y, i = carry
+            return jnp.sin(y) * 1.01 + 0.1 * y * y, i + 1
+
+        init = (x, 0)
+        out = bl.while_loop(
+            lambda c: c[1] < 1000, body, init, max_steps=4096, checkpoints=checkpoints
+        )
+        return out[0].sum()
+
+    return loss
 
 
 def compile_seconds(fn, *args):
@@ -132,8 +157,17 @@ def main():
             f"| {size} | {1e3 * med['RCA']:.3f} | {1e3 * med['ours']:.3f} "
             f"| {ratio:.2f} |"
         )
+    print("\n## A 1000-step scalar bl.while_loop gradient (us, medians)\n")
+    fns = {c: jax.jit(jax.grad(scalar_loop(c))) for c in (36, 37)}
+    x = jnp.ones(1)
+    for fn in fns.values():
+        jax.block_until_ready(fn(x))
+    med = interleaved_medians(fns, {c: (x,) for c in fns}, args.rounds)
+    results["limit"] = {str(c): v for c, v in med.items()}
+    print(" | ".join(f"{c} checkpoints: {1e6 * v:.1f}" for c, v in med.items()))
     if args.out:
-        write_results(args.out, rounds=args.rounds, **results)
+        xla_flags = os.environ.get("XLA_FLAGS", "")
+        write_results(args.out, rounds=args.rounds, xla_flags=xla_flags, **results)
 
 
 if __name__ == "__main__":

@@ -655,6 +655,46 @@ def distributed_table() -> str:
     return _text(_table(header, out, ["---"] + ["---:"] * 4))
 
 
+# --- small solves on CPU: benchmarks/small_solves.py ----------------------------
+
+
+def small_solves_table() -> str:
+    """With XLA's CPU limit for compiling a while loop into one kernel at its default
+    and raised: the gradient of a 1000-step scalar loop on either side of the limit,
+    then of a 100-step Tsit5 solve on 1 to 64 elements, ours against
+    `RecursiveCheckpointAdjoint()` (the performance page)."""
+    runs = [_json("small_solves.json"), _json("small_solves_hoisted.json")]
+    out = []
+    for size in runs[0]["fixed_cost"]:
+        row = [size]
+        for run in runs:
+            cell = run["fixed_cost"][size]
+            row += [
+                milliseconds(cell["RCA"] * 1e3),
+                milliseconds(cell["ours"] * 1e3),
+                f"{cell['ratio']:.2f}",
+            ]
+        out.append(row)
+    limit = _table(
+        ["1000-step scalar loop", "default limit", "limit 65536 bytes"],
+        [
+            [f"{c} checkpoints", *(milliseconds(r["limit"][c] * 1e3) for r in runs)]
+            for c in runs[0]["limit"]
+        ],
+        ["---", "---:", "---:"],
+    )
+    header = [
+        "state",
+        "RCA, default limit",
+        "ours",
+        "ratio",
+        "RCA, 65536 bytes",
+        "ours",
+        "ratio",
+    ]
+    return _text(limit + [""] + _table(header, out, ["---:"] * 7))
+
+
 # --- all of them ----------------------------------------------------------------
 
 # docs/generated/<name>.md for each name
@@ -674,6 +714,7 @@ GENERATORS = {
     "diffrax_summary": diffrax_summary_table,
     "diffrax_suite": diffrax_suite_table,
     "distributed": distributed_table,
+    "small_solves": small_solves_table,
 }
 
 
