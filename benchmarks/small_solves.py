@@ -9,9 +9,6 @@
   (implicit: step loop, stage loop, Newton loop), on `y' = -a0 y + a1` with a state
   of 4, `t` in [0, 3]. Each compile is of a fresh function (no cache), the two
   adjoints alternating; medians of `--compiles`.
-- **The one-kernel limit**: `jax.jit(jax.grad(...))` of a 1000-step
-  `bl.while_loop` on a one-element state with 36 and 37 checkpoints, where the
-  checkpoint storage crosses XLA's limit (see below).
 - **Fixed cost per step** (item 4): `jax.jit(jax.grad(...))` of a 100-step,
   constant-step `Tsit5` solve of the same field on states of 1, 2, 4 and 64
   elements, `SaveAt(t1)`; medians of interleaved rounds after warm-up.
@@ -35,7 +32,6 @@ import jax
 import jax.numpy as jnp
 from _common import interleaved_medians, write_results
 
-import boundedloop as bl
 from boundedloop.diffrax import CheckpointedAdjoint
 
 
@@ -80,21 +76,6 @@ def make(name, solver_cls, grad, constant_steps=False):
     if grad:
         return jax.grad(lambda y0, a: jnp.sum(forward(y0, a) ** 2), argnums=1)
     return forward
-
-
-def scalar_loop(checkpoints):
-    def loss(x):
-        def body(carry):
-            y, i = carry
-            return jnp.sin(y) * 1.01 + 0.1 * y * y, i + 1
-
-        init = (x, 0)
-        out = bl.while_loop(
-            lambda c: c[1] < 1000, body, init, max_steps=4096, checkpoints=checkpoints
-        )
-        return out[0].sum()
-
-    return loss
 
 
 def compile_seconds(fn, *args):
@@ -157,14 +138,6 @@ def main():
             f"| {size} | {1e3 * med['RCA']:.3f} | {1e3 * med['ours']:.3f} "
             f"| {ratio:.2f} |"
         )
-    print("\n## A 1000-step scalar bl.while_loop gradient (us, medians)\n")
-    fns = {c: jax.jit(jax.grad(scalar_loop(c))) for c in (36, 37)}
-    x = jnp.ones(1)
-    for fn in fns.values():
-        jax.block_until_ready(fn(x))
-    med = interleaved_medians(fns, {c: (x,) for c in fns}, args.rounds)
-    results["limit"] = {str(c): v for c, v in med.items()}
-    print(" | ".join(f"{c} checkpoints: {1e6 * v:.1f}" for c, v in med.items()))
     if args.out:
         xla_flags = os.environ.get("XLA_FLAGS", "")
         write_results(args.out, rounds=args.rounds, xla_flags=xla_flags, **results)

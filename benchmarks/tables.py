@@ -659,10 +659,9 @@ def distributed_table() -> str:
 
 
 def small_solves_table() -> str:
-    """With XLA's CPU limit for compiling a while loop into one kernel at its default
-    and raised: the gradient of a 1000-step scalar loop on either side of the limit,
-    then of a 100-step Tsit5 solve on 1 to 64 elements, ours against
-    `RecursiveCheckpointAdjoint()` (the performance page)."""
+    """The gradient of a 100-step Tsit5 solve on 1 to 64 elements, ours against
+    `RecursiveCheckpointAdjoint()`, with XLA's CPU limit for compiling a while loop
+    into one kernel at its default and raised (the performance page)."""
     runs = [_json("small_solves.json"), _json("small_solves_hoisted.json")]
     out = []
     for size in runs[0]["fixed_cost"]:
@@ -675,14 +674,6 @@ def small_solves_table() -> str:
                 f"{cell['ratio']:.2f}",
             ]
         out.append(row)
-    limit = _table(
-        ["1000-step scalar loop", "default limit", "limit 65536 bytes"],
-        [
-            [f"{c} checkpoints", *(milliseconds(r["limit"][c] * 1e3) for r in runs)]
-            for c in runs[0]["limit"]
-        ],
-        ["---", "---:", "---:"],
-    )
     header = [
         "state",
         "RCA, default limit",
@@ -692,7 +683,7 @@ def small_solves_table() -> str:
         "ours",
         "ratio",
     ]
-    return _text(limit + [""] + _table(header, out, ["---:"] * 7))
+    return _text(_table(header, out, ["---:"] * 7))
 
 
 # --- all of them ----------------------------------------------------------------
