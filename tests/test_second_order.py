@@ -337,7 +337,8 @@ def _product_with_rule(twist):
     return pair
 
 
-@pytest.mark.parametrize("twist", [1.0, 2.0])
+# the true rule (1.0) is what every other test here checks: in the long profile
+@pytest.mark.parametrize("twist", [pytest.param(1.0, marks=pytest.mark.slow), 2.0])
 def test_non_conservative_custom_jvp(twist):
     """The caveat `docs/guides/forward-mode.md` states: reverse over reverse assumes
     a symmetric Hessian. With a non-conservative rule, `jax.hessian` still equals
