@@ -45,6 +45,17 @@ class ClosureConverted(eqx.Module):
         out = _replay(self.jaxpr, self.consts, leaves)
         return eqx.combine(jtu.tree_unflatten(self.out_treedef, out), self.out_static)
 
+    def out_shapes(self):
+        """The output as `jax.ShapeDtypeStruct`s (static leaves as they are), read
+        off the traced jaxpr."""
+        shapes = [
+            jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=v.aval.weak_type)
+            for v in self.jaxpr.outvars
+        ]
+        return eqx.combine(
+            jtu.tree_unflatten(self.out_treedef, shapes), self.out_static
+        )
+
 
 def _replay(jaxpr, consts, args):
     """`jax.core.eval_jaxpr` (source locations and `jax.named_scope`s included),

@@ -155,7 +155,7 @@ def _generic_body(
 ):
     """The body on split arrays, with `Buffer` objects standing in for buffers;
     `record`, if given, receives the body's own output as shapes and its
-    `StepTrace`, and buffers are read plainly (see `_trace_once`)."""
+    `StepTrace`, and buffers are read plainly (see `_trace_body`)."""
 
     def generic(step: StepIn) -> StepOut:
         written = step.written
@@ -176,6 +176,8 @@ def _generic_body(
                 is_leaf=lambda v: isinstance(v, Buffer),
             )
             record["out"], record["trace"] = _as_shapes(arrays), trace
+            if jtu.tree_structure(arrays) != jtu.tree_structure(like):
+                raise _CarryMismatch
         out = _returns_weak_scalars_cast(out, like)
         is_buffer = lambda v: isinstance(v, Buffer)  # noqa: E731
         out_dynamic = eqx.filter(
@@ -201,11 +203,19 @@ def _generic_body(
     return generic
 
 
+class _CarryMismatch(Exception):
+    """The body's output does not have the carry's tree structure."""
+
+
 def trace_loop(
     cond_fun, body_fun, init_val, buffers_fn, name: str, gate=None
 ) -> TracedLoop:
     """Check and closure-convert `cond_fun` and `body_fun` against `init_val`;
-    `gate` (see `_buffers.lent_gate`) guards the writes to lent buffers."""
+    `gate` (see `_buffers.lent_gate`) guards the writes to lent buffers.
+
+    The body is traced once, as `lax.while_loop` traces it (`_trace_body`); again
+    when it reads a buffer (the reads' tangents are inputs of the body the loop
+    runs, shaped by what the first trace read) or with `bl.buffer_checks` on."""
     dynamic, static = eqx.partition(init_val, is_carried)
     dynamic = jtu.tree_map(jnp.asarray, dynamic)  # Python numbers: weakly typed
     buffer_pos = (
@@ -214,55 +224,38 @@ def trace_loop(
     leaves, treedef = jtu.tree_flatten(dynamic)
     layout = Layout(treedef, static, buffer_pos, (), (), ())
     x0, bufs0 = layout.split(leaves)
-    if not (buffer_pos and buffer_checks_enabled()):
-        traced = _trace_once(
-            cond_fun, body_fun, init_val, layout, x0, bufs0, name, gate
-        )
-        if traced is not None:
-            return traced
-    out, (access, shared) = _shape_and_static(
-        _buffer_access(body_fun, layout), x0, bufs0
+    x0, body, record, like = _trace_body(
+        body_fun, layout, x0, bufs0, name=name, gate=gate
     )
-    if jtu.tree_structure(out) == jtu.tree_structure(init_val):
-        # `lax.while_loop`'s rule for weakly typed initial values, then trace again
-        promoted, changed = promote_weak_inputs(
-            x0, layout.split(_out_avals(out, init_val))[0]
-        )
-        x0 = tuple(promoted)
-        if changed:
-            out, (access, shared) = _shape_and_static(
-                _buffer_access(body_fun, layout), x0, bufs0
-            )
-    leaves = layout.merge(x0, bufs0)
-    like = eqx.combine(
-        jtu.tree_unflatten(
-            treedef, [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in leaves]
-        ),
-        static,
+    out, trace = record["out"], record["trace"]
+    weak_out = tuple(is_weak(o) for o in _out_avals(out, like))
+    check_carry_match(like, _returns_weak_scalars_cast(out, like), name)
+    access = (
+        tuple(shape for _, _, shape in trace.reads),
+        tuple(leaf for leaf, _, _ in trace.reads),
+        tuple(w.leaf for w in trace.writes),
     )
-    weak_out = ()
-    if jtu.tree_structure(out) == jtu.tree_structure(like):
-        weak_out = tuple(is_weak(o) for o in _out_avals(out, init_val))
-        out = _returns_weak_scalars_cast(out, like)
-    check_carry_match(like, out, name)
-    layout = Layout(treedef, static, buffer_pos, *access, weak_out, shared)
+    layout = Layout(
+        treedef, static, buffer_pos, *access, weak_out, frozenset(trace.shared)
+    )
+    checks = bool(buffer_pos) and buffer_checks_enabled()
+    checked = None
+    if trace.reads or checks:
+        generic = _generic_body(body_fun, layout, like, name, gate)
+        true = jnp.array(True)
+        # traced with lax's (weak) carry types, run on strongly typed arrays
+        example = StepIn(x0, bufs0, layout.read_stand_ins(), true, None)
+        body = closure_convert(generic, example)
+        if checks:
+            masks = tuple(jnp.zeros(b.shape, bool) for b in bufs0)
+            written = (masks, (true, true))
+            checked = closure_convert(generic, example._replace(written=written))
 
     def cond_dynamic(x, bufs):
         return cond_fun(layout.rebuild(x, bufs))
 
-    check_predicate(eqx.filter_eval_shape(cond_dynamic, x0, bufs0), name)
-    generic = _generic_body(body_fun, layout, like, name, gate)
-    true = jnp.array(True)
-    # traced with lax's (weak) carry types, run on strongly typed arrays
-    example = StepIn(tuple(x0), tuple(bufs0), layout.read_stand_ins(), true, None)
-    body = closure_convert(generic, example)
-    checked = None
-    if buffer_pos and buffer_checks_enabled():
-        masks = tuple(jnp.zeros(b.shape, bool) for b in bufs0)
-        checked = closure_convert(
-            generic, example._replace(written=(masks, (true, true)))
-        )
     cond = closure_convert(cond_dynamic, x0, bufs0)
+    check_predicate(cond.out_shapes(), name)
     init = tuple(strong(v) for v in x0)
     return TracedLoop(
         body, cond, checked, init, tuple(strong(v) for v in bufs0), layout
@@ -288,62 +281,42 @@ def _as_shapes(tree):
     return jtu.tree_map(shape, tree)
 
 
-def _trace_once(cond_fun, body_fun, init_val, layout: Layout, x0, bufs0, name, gate):
-    """`trace_loop` tracing `body_fun` once (twice when `lax.while_loop`'s
-    weak-type promotion changes a type): the carry's types and the buffers' writes
-    are read off the trace the loop runs, so that nested loops do not trace their
-    bodies twice per level. `None` where that trace cannot be the loop's: the body
-    reads a buffer (its reads' tangents enter as inputs whose shapes only a first
-    trace tells), or its output does not fit the carry (the general path then
-    raises the error that names the leaf)."""
-    treedef, static = layout.treedef, layout.static
+def _trace_body(body_fun, layout: Layout, x0, bufs0, *, name, gate):
+    """The body traced as the loop runs it, reading buffers plainly, once; twice
+    when `lax.while_loop`'s weak-type promotion changes a carry type (the initial
+    value is promoted and the body traced again).
+
+    **Returns:**
+
+    `(x0, body, record, like)`: the (promoted) initial carry, the traced body,
+    `record` (the body's output as shapes and its `StepTrace`, from which the carry
+    check, the weak types and the buffers' reads and writes are read), and the
+    carry's shapes. A body whose output has another tree structure than the carry
+    raises the carry check's error."""
+    x0, bufs0 = tuple(x0), tuple(bufs0)
     for _ in range(2):
-        like = _like(treedef, static, layout.merge(x0, bufs0))
+        like = _like(layout.treedef, layout.static, layout.merge(x0, bufs0))
         record = {}
         generic = _generic_body(body_fun, layout, like, name, gate, record)
-        example = StepIn(tuple(x0), tuple(bufs0), (), jnp.array(True), None)
         try:
-            body = closure_convert(generic, example)
-        except (TypeError, ValueError):
-            return None
-        out, trace = record["out"], record["trace"]
-        if jtu.tree_structure(out) != jtu.tree_structure(init_val):
-            return None
+            body = closure_convert(
+                generic, StepIn(x0, bufs0, (), jnp.array(True), None)
+            )
+        except _CarryMismatch:
+            check_carry_match(like, record["out"], name)
+            raise  # unreachable: the check names the difference
         promoted, changed = promote_weak_inputs(
-            x0, layout.split(_out_avals(out, init_val))[0]
+            x0, layout.split(_out_avals(record["out"], like))[0]
         )
         if not changed:
             break
         x0 = tuple(promoted)
-    else:
-        return None
-    weak_out = tuple(is_weak(o) for o in _out_avals(out, init_val))
-    check_carry_match(like, _returns_weak_scalars_cast(out, like), name)
-    access = (
-        tuple(shape for _, _, shape in trace.reads),
-        tuple(leaf for leaf, _, _ in trace.reads),
-        tuple(w.leaf for w in trace.writes),
-    )
-    shared = frozenset(trace.shared)
-    layout = Layout(treedef, static, layout.buffer_pos, *access, weak_out, shared)
-    if trace.reads:
-        # the reads' tangents are inputs of the body the loop runs, with the
-        # shapes this trace found: trace it again with them
-        generic = _generic_body(body_fun, layout, like, name, gate)
-        example = example._replace(dummies=layout.read_stand_ins())
-        body = closure_convert(generic, example)
-
-    def cond_dynamic(x, bufs):
-        return cond_fun(layout.rebuild(x, bufs))
-
-    check_predicate(eqx.filter_eval_shape(cond_dynamic, x0, bufs0), name)
-    cond = closure_convert(cond_dynamic, x0, bufs0)
-    init = tuple(strong(v) for v in x0)
-    return TracedLoop(body, cond, None, init, tuple(strong(v) for v in bufs0), layout)
+    return x0, body, record, like
 
 
 def _out_avals(out, init) -> list:
-    """Per carried leaf of `init`, the body's (abstract) output `out` there: an aval
+    """Per carried leaf of `init` (or of its shapes), the body's (abstract) output
+    `out` there: an aval
     (Python numbers as weakly typed ones), or `None` where the body returned a
     static value (the carry check names it). `out` has `init`'s tree structure."""
     return [
@@ -353,44 +326,8 @@ def _out_avals(out, init) -> list:
         if isinstance(v, jax.ShapeDtypeStruct)
         else jax.ShapeDtypeStruct((), jnp.result_type(v), weak_type=True)
         for x, v in zip(jtu.tree_leaves(init), jtu.tree_leaves(out))
-        if is_carried(x)
+        if is_carried_shape(x)
     ]
-
-
-def _buffer_access(body_fun, layout: "Layout"):
-    """`(x, bufs) -> (carry', access)`: the body on plain arrays, returning the
-    output carry and, as static metadata, the `Layout` fields that describe its
-    buffer reads and writes."""
-
-    def shape_body(x, bufs):
-        trace = StepTrace(bufs, None, jnp.array(True), None)
-        views = [Buffer(trace, k) for k in range(len(bufs))]
-        out = body_fun(layout.rebuild(x, views))
-        out = jtu.tree_map(
-            lambda v: trace.arrays[v._leaf] if isinstance(v, Buffer) else v,
-            out,
-            is_leaf=lambda v: isinstance(v, Buffer),
-        )
-        access = (
-            tuple(shape for _, _, shape in trace.reads),
-            tuple(leaf for leaf, _, _ in trace.reads),
-            tuple(w.leaf for w in trace.writes),
-        )
-        return out, (access, frozenset(trace.shared))
-
-    return shape_body
-
-
-def _shape_and_static(fn, *args):
-    """`eqx.filter_eval_shape` for a function that also returns static metadata."""
-    box = {}
-
-    def wrapped(*a):
-        out, box["meta"] = fn(*a)
-        return out
-
-    out = eqx.filter_eval_shape(wrapped, *args)
-    return out, box["meta"]
 
 
 def is_carried_shape(x) -> bool:
