@@ -29,10 +29,7 @@ def linearizable(
     typically a `loop_tangent` whose transpose is written by hand. This is how the
     loop's own sweeps stay differentiable when an outer reverse pass differentiates
     a gradient (see `_autodiff`). With `two_pass=None` the linearized tangent
-    cannot be transposed: that raises a clear error (a third reverse pass).
-
-    It is one function (with its JVP rule inside) because the rule closes over
-    `fn` and `two_pass`: split, each piece would need them passed along."""
+    cannot be transposed: that raises a clear error (a third reverse pass)."""
 
     @jax.custom_jvp
     def wrapped(*leaves):
@@ -45,51 +42,23 @@ def linearizable(
             for k, (p, t) in enumerate(zip(primals, tangents))
             if type(t) is not SymbolicZero and is_inexact(jax.typeof(p))
         ]
-        # the outputs that depend on a perturbed primal get tangents, the others a
-        # symbolic zero (a zero array would reach `nondifferentiable` leaves)
-        jaxpr = closed_jaxpr(
-            lambda *a: fn(list(a)),
-            [jax.typeof(p) for p in primals],
-            "boundedloop_linearizable",
-        )
-        out_avals = list(jaxpr.out_avals)
-        chosen = set(where)
-        nonzeros = [k in chosen for k in range(len(primals))]
-        _, out_nonzero = jvp_jaxpr(jaxpr, nonzeros, instantiate=False)
-        inexact = [is_inexact(a) and nz for a, nz in zip(out_avals, out_nonzero)]
-        t_avals = tuple(a.to_tangent_aval() for a, f in zip(out_avals, inexact) if f)
+        out_avals, with_tangent = _outputs_with_tangents(fn, primals, where)
         if not where:
             outs = wrapped(*primals)
             return outs, [SymbolicZero(a.to_tangent_aval()) for a in out_avals]
 
         def one_pass(ps, ts):
             out, t_out = jvp_at(fn, ps, where, ts)
-            return list(out) + [t for t, f in zip(t_out, inexact) if f]
+            return list(out) + [t for t, f in zip(t_out, with_tangent) if f]
 
         if two_pass is None:
-
-            def linearized(ps, ts):
-                def jvp_fn(res, lin):
-                    return one_pass(res, lin)[len(out_avals) :]
-
-                def vjp_fn(res, cts):
-                    raise RuntimeError(THIRD_ORDER_REVERSE)
-
-                t_out = loop_tangent(
-                    list(ps),
-                    list(ts),
-                    jvp_fn=jvp_fn,
-                    vjp_fn=vjp_fn,
-                    out_avals=t_avals,
-                    loop_effects=effects,
-                )
-                return list(fn(list(ps))) + list(t_out)
-
+            linearized = _untransposable(fn, one_pass, out_avals, with_tangent, effects)
         else:
 
             def linearized(ps, ts):
-                return two_pass(ps, where, ts, inexact)
+                return two_pass(ps, where, ts, with_tangent)
 
+        t_avals = _tangent_avals(out_avals, with_tangent)
         spec = Spec(
             Passes(one_pass, linearized, primal=fn),
             n_primals=len(primals),
@@ -97,14 +66,60 @@ def linearizable(
             out_avals=tuple(out_avals) + t_avals,
             effects=effects,
             tangent_inputs=tuple(where),
-            tangent_outputs=tuple(k for k, f in enumerate(inexact) if f),
+            tangent_outputs=tuple(k for k, f in enumerate(with_tangent) if f),
         )
         results = loop_jvp(primals, [tangents[k] for k in where], spec)
         outs, t_out = results[: len(out_avals)], iter(results[len(out_avals) :])
         return outs, [
             next(t_out) if f else SymbolicZero(a.to_tangent_aval())
-            for a, f in zip(out_avals, inexact)
+            for a, f in zip(out_avals, with_tangent)
         ]
 
     wrapped.defjvp(jvp_rule, symbolic_zeros=True)
     return wrapped
+
+
+def _tangent_avals(out_avals, with_tangent) -> tuple:
+    return tuple(a.to_tangent_aval() for a, f in zip(out_avals, with_tangent) if f)
+
+
+def _outputs_with_tangents(fn, primals, where) -> tuple[list, list[bool]]:
+    """`fn`'s output types, and which outputs get tangents: the inexact ones that
+    depend on a perturbed primal (the others get a symbolic zero; a zero array
+    would reach `nondifferentiable` leaves). Read off `fn`'s jaxpr with symbolic
+    zeros, which costs one trace of `fn`."""
+    jaxpr = closed_jaxpr(
+        lambda *a: fn(list(a)),
+        [jax.typeof(p) for p in primals],
+        "boundedloop_linearizable",
+    )
+    chosen = set(where)
+    nonzeros = [k in chosen for k in range(len(primals))]
+    _, out_nonzero = jvp_jaxpr(jaxpr, nonzeros, instantiate=False)
+    out_avals = list(jaxpr.out_avals)
+    return out_avals, [is_inexact(a) and nz for a, nz in zip(out_avals, out_nonzero)]
+
+
+def _untransposable(fn, one_pass, out_avals, with_tangent, effects) -> Callable:
+    """The two-pass form of a pass that is itself a second derivative: `fn` now, its
+    tangent as a `loop_tangent` that evaluates `one_pass` and whose transpose (a
+    third reverse pass) raises `THIRD_ORDER_REVERSE`."""
+
+    def jvp_fn(res, lin):
+        return one_pass(res, lin)[len(out_avals) :]
+
+    def vjp_fn(res, cts):
+        raise RuntimeError(THIRD_ORDER_REVERSE)
+
+    def linearized(ps, ts):
+        t_out = loop_tangent(
+            list(ps),
+            list(ts),
+            jvp_fn=jvp_fn,
+            vjp_fn=vjp_fn,
+            out_avals=_tangent_avals(out_avals, with_tangent),
+            loop_effects=effects,
+        )
+        return list(fn(list(ps))) + list(t_out)
+
+    return linearized

@@ -104,7 +104,7 @@ class ReverseOverAnything:
         because its rules share the sweep's tree structure (`box`), known only
         once the sweep is traced."""
         box = {}
-        config, layout = self.config, self.config.layout
+        config = self.config
 
         def sweep(leaves):
             result = checkpointed_sweep(self._loop(leaves), config, self.perturbed.x)
@@ -122,9 +122,11 @@ class ReverseOverAnything:
                 t_out = jvp_at(sweep, res[:n], where, ts)[1]
                 return [t for t, f in zip(t_out, inexact) if f]
 
+            reverse = self._reverse_of_tape(primals, where, wanted, perturbed)
+
             def vjp_fn(res, cts):
                 loop = self._loop(res[:n])
-                (x, bufs), tape = jtu.tree_unflatten(box["def"], res[n:])
+                _, tape = jtu.tree_unflatten(box["def"], res[n:])
                 it = iter(cts)
                 full = [next(it) if f else None for f in inexact]
                 (ct_x, ct_bufs), ct_tape = jtu.tree_unflatten(box["def"], full)
@@ -135,20 +137,6 @@ class ReverseOverAnything:
                     c if p else None for c, p in zip(ct_bufs, perturbed.bufs)
                 )
                 return reverse(loop, tape, ct_x, ct_bufs)
-
-            def first_order_reverse(loop, tape, ct_x, ct_bufs):
-                step = ReversibleStep(loop.body, layout, wanted[0], perturbed)
-                ct_in = reverse_sweep(step, tape, ct_x, ct_bufs, config)
-                return self._at_leaves(res_primals, wanted, ct_in, where)
-
-            res_primals = primals
-
-            def reverse(loop, tape, ct_x, ct_bufs):
-                # forward mode through it works; a third reverse pass raises
-                operands, rebuild = flat((loop, tape, ct_x, ct_bufs))
-                return linearizable(
-                    lambda ops: first_order_reverse(*rebuild(ops)), None, self.effects
-                )(*operands)
 
             t_out = loop_tangent(
                 list(primals) + list(outs),
@@ -164,6 +152,26 @@ class ReverseOverAnything:
 
         swept = linearizable(sweep, two_pass, self.effects)(*leaves)
         return jtu.tree_unflatten(box["def"], swept)
+
+    def _reverse_of_tape(self, primals, where, wanted, perturbed):
+        """`(loop, tape, ct_x, ct_bufs) -> cotangents of primals[where]`: the reverse
+        sweep over `tape`, behind `linearizable` without a two-pass form (forward
+        mode through it works; a third reverse pass raises our error)."""
+        config = self.config
+
+        def first_order(loop, tape, ct_x, ct_bufs):
+            step = ReversibleStep(loop.body, config.layout, wanted[0], perturbed)
+            ct_in = reverse_sweep(step, tape, ct_x, ct_bufs, config)
+            return self._at_leaves(primals, wanted, ct_in, where)
+
+        def reverse(loop, tape, ct_x, ct_bufs):
+            operands, rebuild = flat((loop, tape, ct_x, ct_bufs))
+            run = linearizable(
+                lambda ops: first_order(*rebuild(ops)), None, self.effects
+            )
+            return run(*operands)
+
+        return reverse
 
     def _wanted_at(self, where):
         """Bools shaped like `(body, init, bufs)`: which of them are among the

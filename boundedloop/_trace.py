@@ -208,7 +208,7 @@ class _CarryMismatch(Exception):
 
 
 def trace_loop(
-    cond_fun, body_fun, init_val, buffers_fn, name: str, gate=None
+    cond_fun, body_fun, init_val, buffers_fn, *, name: str, gate=None
 ) -> TracedLoop:
     """Check and closure-convert `cond_fun` and `body_fun` against `init_val`;
     `gate` (see `_buffers.lent_gate`) guards the writes to lent buffers.

@@ -124,7 +124,7 @@ def run_loop(
     init_val, buffers, lent = lend_buffers(init_val, buffers)
     with tracing_a_loop():  # checks traced in the body know they are in a loop
         loop = trace_loop(
-            cond_fun, body_fun, init_val, buffers, name, gate=lent_gate(lent)
+            cond_fun, body_fun, init_val, buffers, name=name, gate=lent_gate(lent)
         )
     # a scan always takes all its steps; an unbounded loop never runs out
     checked = max_steps_check_enabled() and not known_length and max_steps is not None

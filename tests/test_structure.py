@@ -190,7 +190,7 @@ def test_which_steps_count_as_cheap():
     solver's scalar bookkeeping) are cheap; many on large arrays are not."""
 
     def body_of(step, init):
-        return trace_loop(lambda c: c[1] < 3, step, init, None, "test").body
+        return trace_loop(lambda c: c[1] < 3, step, init, None, name="test").body
 
     def chain(x, n):
         for _ in range(n):
