@@ -1,4 +1,5 @@
-"""A tree's arrays as the flat lists primitives take, and back."""
+"""A tree's arrays as the flat lists primitives take, and back; and the JVP of a
+function of such a list in some of its entries (`jvp_at`)."""
 
 import equinox as eqx
 import jax

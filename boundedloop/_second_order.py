@@ -41,7 +41,8 @@ from ._trace import LoopConfig, TracedLoop
 
 def _rerun(loop_fn, loop: TracedLoop, config: LoopConfig):
     """The loop's outputs as a function of its inexact differentiable leaves, through
-    `checkpointed_loop`, so that any transform of it takes the loop's own rules.
+    `loop_fn` (`checkpointed_loop`), so that any transform of it takes the loop's own
+    rules.
 
     **Returns:**
 
@@ -237,7 +238,7 @@ class ReverseOverAnything:
         The gradient `g(p, c) = J(p)^T c` linearizes to `dg = H dp + J^T dc`, where
         `H`, the second derivative of `c . F(p)`, is symmetric. So the transpose
         maps a cotangent `w` of `g` to `H w` for `p` and `J w` for `c`: one
-        forward-over-reverse product (`_gradient_and_hvp`). No loop is reversed
+        forward-over-reverse product (`gradient_and_hvp`). No loop is reversed
         twice. The tape, part of the residuals, is a cache of `p`: its tangent is
         used when the JVP is evaluated (`jax.hessian`) and given no cotangent, since
         `H w` already accounts for it; the final buffers it holds get the
