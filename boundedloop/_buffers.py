@@ -97,9 +97,13 @@ class StepTrace:
         if self.dummies is None or leaf in self.shared:
             value = get(array, index)
         else:
+            if callable(self.dummies):  # made as the reads are found
+                dummy = self.dummies(index.result_shape(), array.dtype)
+            else:
+                dummy = self.dummies[len(self.reads)]
             # the reverse sweep reads the final buffer: values this step wrote are
             # there already, but their cotangent must reach the written value
-            value = _read(array, index, self.dummies[len(self.reads)])
+            value = _read(array, index, dummy)
             for w in self.writes:
                 if w.leaf == leaf:
                     new, hit = overlay(value, index, w.index, w.value, array.shape)

@@ -121,3 +121,31 @@ def closure_convert(fn: Callable, *args) -> ClosureConverted:
         out_treedef=jtu.tree_structure(out_struct),
         out_static=out_static,
     )
+
+
+
+def with_inputs_added(fn: ClosureConverted, at: int, *args) -> ClosureConverted:
+    """`fn`, whose jaxpr gained inputs while it was traced (`_jax_private.new_input`
+    puts them after its arguments), as a function of `*args`: the flattened array
+    leaves of `args` are those of `fn`'s arguments with the gained inputs, in
+    order, inserted at position `at`."""
+    dynamic, static = eqx.partition(vary_everywhere(args), eqx.is_array)
+    treedef = jtu.tree_structure(dynamic)
+    invars = list(fn.jaxpr.invars)
+    old = fn.in_treedef.num_leaves
+    if treedef.num_leaves != len(invars):
+        raise AssertionError("boundedloop internal error: inputs gained in tracing")
+    invars = invars[:at] + invars[old:] + invars[at:old]
+    debug = fn.jaxpr.debug_info
+    if debug.arg_names is not None:
+        names = debug.arg_names
+        added = tuple(f"dummy{i}" for i in range(len(invars) - old))
+        debug = debug._replace(arg_names=names[:at] + added + names[at:])
+    return ClosureConverted(
+        jaxpr=fn.jaxpr.replace(invars=invars, debug_info=debug),
+        consts=fn.consts,
+        in_treedef=treedef,
+        in_static=static,
+        out_treedef=fn.out_treedef,
+        out_static=fn.out_static,
+    )

@@ -22,10 +22,18 @@ below is needed because no public API does its job (as of JAX 0.10):
   function makes a weakly typed array (`_convert_element_type(weak_type=True)`).
 - **Buffers are not values.** `pytype_aval_mappings` and the canonicalize
   handler make JAX raise our error when a `bl.Buffer` reaches a JAX operation.
+- **Inputs found while tracing.** A body that reads a buffer takes, per read, an
+  input standing in for the read's tangent (`_buffers._read`), whose shape only
+  the read tells. The body is traced once all the same: each read adds that
+  input to the jaxpr being built (`trace_ctx.trace`, `DynamicJaxprTrace.new_arg`,
+  as `trace_to_jaxpr_dynamic` adds its arguments), and the closure conversion
+  moves it to its place (`_closure.with_inputs_added`).
 - **Sharding contexts.** The runtime checks raise on every device of a
   partitioned program; the lowering rule tells one from the axis context's type.
 """
 
+import jax
+import jax.extend.source_info_util
 import numpy as np
 from jax._src import (
     api_util,
@@ -60,6 +68,7 @@ convert_constvars_jaxpr = _pe.convert_constvars_jaxpr
 
 # buffers are not values
 pytype_aval_mappings = _core.pytype_aval_mappings
+
 register_canonicalize_value_handler = _dtypes.register_canonicalize_value_handler
 
 # sharding contexts
@@ -80,3 +89,18 @@ def closed_jaxpr(fn, avals, name: str) -> ClosedJaxpr:
 def weakly_typed(x):
     """`x` as a weakly typed array of the same dtype."""
     return _lax._convert_element_type(x, np.dtype(x.dtype), weak_type=True)
+
+
+def current_trace():
+    """The trace JAX is tracing in now (`jax.make_jaxpr`'s, in a traced body)."""
+    return _core.trace_ctx.trace
+
+
+def new_input(trace, shape, dtype, like):
+    """A new input of the jaxpr that `trace` (a `jax.make_jaxpr` trace) builds, added
+    after its arguments: an array of `shape` and `dtype` that varies over the
+    manual mesh axes `like` varies over (inside `shard_map`)."""
+    aval = _core.ShapedArray(
+        shape, dtype, manual_axis_type=jax.typeof(like).manual_axis_type
+    )
+    return trace.new_arg(aval, jax.extend.source_info_util.current())

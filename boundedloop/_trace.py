@@ -6,6 +6,7 @@ The traced body speaks one protocol, `body(StepIn) -> StepOut`, on the carry's a
 leaves split into `x` (ordinary leaves) and `bufs` (buffer leaves).
 """
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -17,9 +18,10 @@ import numpy as np
 
 from ._buffers import Buffer, find_buffers, StepTrace
 from ._checks import buffer_checks_enabled
-from ._closure import closure_convert
+from ._closure import closure_convert, with_inputs_added
 from ._dtypes import is_weak, promote_weak_inputs, strong, weak
 from ._errors import check_carry_match, check_predicate
+from ._jax_private import current_trace, new_input
 
 
 def is_carried(x) -> bool:
@@ -155,13 +157,19 @@ def _generic_body(
 ):
     """The body on split arrays, with `Buffer` objects standing in for buffers;
     `record`, if given, receives the body's own output as shapes and its
-    `StepTrace`, and buffers are read plainly (see `_trace_body`)."""
+    `StepTrace`, and each buffer read adds its dummy as an input of the jaxpr,
+    after the others (see `_trace_body`)."""
 
     def generic(step: StepIn) -> StepOut:
         written = step.written
+        dummies = step.dummies
+        if record is not None:
+            # each read adds its dummy to the inputs of the jaxpr traced now
+            building = current_trace()
+            dummies = functools.partial(new_input, building, like=step.active)
         trace = StepTrace(
             step.bufs,
-            None if record is not None else step.dummies,
+            dummies,
             step.active,
             None if written is None else written[0],
             layout.shared,
@@ -214,8 +222,7 @@ def trace_loop(
     `gate` (see `_buffers.lent_gate`) guards the writes to lent buffers.
 
     The body is traced once, as `lax.while_loop` traces it (`_trace_body`); again
-    when it reads a buffer (the reads' tangents are inputs of the body the loop
-    runs, shaped by what the first trace read) or with `bl.buffer_checks` on."""
+    with `bl.buffer_checks` on (the checked body tracks what each step wrote)."""
     dynamic, static = eqx.partition(init_val, is_carried)
     dynamic = jtu.tree_map(jnp.asarray, dynamic)  # Python numbers: weakly typed
     buffer_pos = (
@@ -238,18 +245,18 @@ def trace_loop(
     layout = Layout(
         treedef, static, buffer_pos, *access, weak_out, frozenset(trace.shared)
     )
-    checks = bool(buffer_pos) and buffer_checks_enabled()
+    true = jnp.array(True)
+    # traced with lax's (weak) carry types, run on strongly typed arrays
+    example = StepIn(x0, bufs0, layout.read_stand_ins(), true, None)
+    if trace.reads:
+        # the reads' dummies, added last while tracing, go after the buffers
+        body = with_inputs_added(body, len(x0) + len(bufs0), example)
     checked = None
-    if trace.reads or checks:
+    if buffer_pos and buffer_checks_enabled():
         generic = _generic_body(body_fun, layout, like, name, gate)
-        true = jnp.array(True)
-        # traced with lax's (weak) carry types, run on strongly typed arrays
-        example = StepIn(x0, bufs0, layout.read_stand_ins(), true, None)
-        body = closure_convert(generic, example)
-        if checks:
-            masks = tuple(jnp.zeros(b.shape, bool) for b in bufs0)
-            written = (masks, (true, true))
-            checked = closure_convert(generic, example._replace(written=written))
+        masks = tuple(jnp.zeros(b.shape, bool) for b in bufs0)
+        written = (masks, (true, true))
+        checked = closure_convert(generic, example._replace(written=written))
 
     def cond_dynamic(x, bufs):
         return cond_fun(layout.rebuild(x, bufs))

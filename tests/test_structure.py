@@ -281,8 +281,9 @@ def test_jax_internals_are_imported_in_one_module():
     assert importers == {"_jax_private.py"}
 
 
-def _nested_loops(depth, counter, carry_init=0.0):
-    """`depth` nested loops around a body that counts its Python runs."""
+def _nested_loops(depth, counter, reads=False):
+    """`depth` nested loops around a body that counts its Python runs; with
+    `reads`, each level reads and writes a buffer."""
 
     def run(x, d):
         if d == 0:
@@ -290,24 +291,33 @@ def _nested_loops(depth, counter, carry_init=0.0):
             return jnp.sin(x) * 1.01
 
         def body(carry):
-            i, y = carry
-            return i + 1, run(y, d - 1)
+            i, y, buf = carry
+            y = run(y * buf[i] if reads else y, d - 1)
+            return i + 1, y, buf.at[i + 1].set(y) if reads else buf
 
-        return bl.while_loop(lambda c: c[0] < 3, body, (0, x), max_steps=4)[1]
+        init = (0, x, jnp.ones(5))
+        buffers = (lambda c: c[2]) if reads else None
+        return bl.while_loop(
+            lambda c: c[0] < 3, body, init, max_steps=4, buffers=buffers
+        )[1]
 
     return lambda x: run(x, depth)
 
 
+@pytest.mark.parametrize("reads", [False, True])
 @pytest.mark.parametrize("depth", [1, 2, 4])
-def test_body_traced_once_at_any_depth(depth):
+def test_body_traced_once_at_any_depth(depth, reads):
     """Tracing is paid at every compile: the innermost body of nested loops is
-    traced once, forward and gradient alike, as `lax.while_loop`'s is."""
+    traced once, forward and gradient alike, as `lax.while_loop`'s is; bodies
+    that read buffers too (each read's dummy joins the trace's inputs as it is
+    found)."""
     counter = []
-    f = _nested_loops(depth, counter)
-    jax.make_jaxpr(f)(1.0)
+    f = _nested_loops(depth, counter, reads)
+    x = jnp.float32(1.0)  # a weakly typed carry would be promoted by the reads
+    jax.make_jaxpr(f)(x)
     assert len(counter) == 1
     counter.clear()
-    jax.make_jaxpr(jax.grad(f))(1.0)
+    jax.make_jaxpr(jax.grad(f))(x)
     assert len(counter) == 1
 
 
@@ -326,21 +336,23 @@ def test_body_traced_again_only_when_promotion_changes_a_type():
     assert len(traces) == 1
 
 
-def test_body_with_buffers_traced_once_unless_it_reads_them():
-    """A body that only writes its buffers is traced once; one that reads them
-    twice (the reads' tangents enter its trace as inputs, shaped by a first
-    trace)."""
-    for read, expected in ((False, 1), (True, 2)):
+def test_buffer_checks_trace_the_body_once_more():
+    """With `bl.buffer_checks` on, the body is traced a second time, tracking what
+    each step wrote."""
+    for checks, expected in ((False, 1), (True, 2)):
         traces = []
 
-        def body(carry, read=read, traces=traces):
+        def body(carry, traces=traces):
             traces.append(1)
             i, x, buf = carry
-            y = buf[i - 1] if read else x
-            return i + 1, x, buf.at[i].set(y * 2.0)
+            return i + 1, x, buf.at[i].set(buf[i - 1] * 2.0)
 
         init = (1, jnp.float32(1.0), jnp.zeros(4))
-        bl.while_loop(
-            lambda c: c[0] < 4, body, init, max_steps=4, buffers=lambda c: c[2]
-        )
+        def loop(init, body=body):
+            return bl.while_loop(
+                lambda c: c[0] < 4, body, init, max_steps=4, buffers=lambda c: c[2]
+            )
+
+        with bl.buffer_checks(checks):
+            jax.make_jaxpr(loop)(init)
         assert len(traces) == expected
