@@ -94,15 +94,17 @@ class StepTrace:
             done = jnp.all(get(self.written[leaf], index))
             unwritten = jnp.logical_and(self.active, ~done)
             self.unwritten_read = jnp.logical_or(self.unwritten_read, unwritten)
-        if self.dummies is None or leaf in self.shared:
+        if callable(self.dummies):  # made as the reads are found
+            dummy = self.dummies(index.result_shape(), array.dtype)
+        else:
+            dummy = self.dummies[len(self.reads)]
+        if leaf in self.shared:
             value = get(array, index)
         else:
-            if callable(self.dummies):  # made as the reads are found
-                dummy = self.dummies(index.result_shape(), array.dtype)
-            else:
-                dummy = self.dummies[len(self.reads)]
             # the reverse sweep reads the final buffer: values this step wrote are
-            # there already, but their cotangent must reach the written value
+            # there already, but their cotangent must reach the written value. (A
+            # read traced before the step hands the buffer to an inner loop is
+            # one of these too: `_read`'s JVP carries the buffer's own tangent.)
             value = _read(array, index, dummy)
             for w in self.writes:
                 if w.leaf == leaf:

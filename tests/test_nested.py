@@ -171,9 +171,11 @@ def test_while_in_scan(checkpoints):
 ROWS, N_IN, WIDTH = 16, 3, 2
 
 
-def _shared_buffer_loss(outer, inner, rows=ROWS, width=WIDTH):
+def _shared_buffer_loss(outer, inner, rows=ROWS, width=WIDTH, read_first=False):
     """`outer(cond, body, init)` and `inner(cond, body, init)` run the loops; the
-    inner one gets the outer buffer `buf` in its carry and writes `N_IN` rows."""
+    inner one gets the outer buffer `buf` in its carry and writes `N_IN` rows; the
+    outer body reads a row after the inner loop, and with `read_first` before it
+    too."""
 
     def loss(x, w, n_outer):
         def inner_body(c):
@@ -183,6 +185,9 @@ def _shared_buffer_loss(outer, inner, rows=ROWS, width=WIDTH):
 
         def outer_body(c):
             y, buf, i, j = c
+            if read_first:  # write a row and read it back before lending `buf`
+                buf = buf.at[j].set(jnp.cos(y))
+                y, j = y - 0.2 * buf[j], j + 1
             y, buf, j = inner(lambda c: c[2] < j + N_IN, inner_body, (y, buf, j))
             y = y + 0.3 * buf[j - 2]  # read a row the inner loop wrote
             return 0.9 * y, buf, i + 1, j
@@ -194,14 +199,21 @@ def _shared_buffer_loss(outer, inner, rows=ROWS, width=WIDTH):
     return loss
 
 
-def _scans(n_outer):
+def _scans(n_outer, rows=ROWS, read_first=False):
     def scans(length):
         return lambda c, b, init: scan_n(b, init, length)
 
-    return _shared_buffer_loss(scans(n_outer), scans(N_IN))
+    return _shared_buffer_loss(scans(n_outer), scans(N_IN), rows, WIDTH, read_first)
 
 
-def _ours(outer_checkpoints, inner_checkpoints, inner_kind, rows=ROWS, width=WIDTH):
+def _ours(
+    outer_checkpoints,
+    inner_checkpoints,
+    inner_kind,
+    rows=ROWS,
+    width=WIDTH,
+    read_first=False,
+):
     def outer(cond, body, init):
         return bl.while_loop(
             cond,
@@ -226,7 +238,7 @@ def _ours(outer_checkpoints, inner_checkpoints, inner_kind, rows=ROWS, width=WID
             buffers=lambda c: c[1],
         )
 
-    return _shared_buffer_loss(outer, inner, rows, width)
+    return _shared_buffer_loss(outer, inner, rows, width, read_first)
 
 
 @pytest.mark.parametrize("inner_kind", ["while", "scan"])
@@ -237,6 +249,19 @@ def test_inner_loop_writes_the_outer_buffer(checkpoints, inner_kind):
     for n_outer in [0, 2, 4, 7]:
         trips = min(n_outer, 5)
         expected = jax.value_and_grad(_scans(trips), argnums=(0, 1))(x, w, trips)
+        assert tree_allclose(f(x, w, n_outer), expected, rtol=1e-5), n_outer
+
+
+def test_outer_body_reads_the_buffer_before_lending_it():
+    """A step that writes and reads a buffer before lending it to an inner loop
+    (traced before the lending is known, so the read has its dummy) is
+    differentiated as one that only lends it."""
+    x, w, rows = jnp.array([0.3, -0.5]), jnp.array(1.1), 5 * (N_IN + 1)
+    ours = _ours(2, 2, "while", rows, read_first=True)
+    f = jax.jit(jax.value_and_grad(ours, (0, 1)))
+    for n_outer in [0, 3, 5]:
+        ref = _scans(n_outer, rows, read_first=True)
+        expected = jax.value_and_grad(ref, argnums=(0, 1))(x, w, n_outer)
         assert tree_allclose(f(x, w, n_outer), expected, rtol=1e-5), n_outer
 
 
