@@ -156,6 +156,13 @@ def store_next(sw: Sweep, state: Recompute) -> Recompute:
     return push(sw, state._replace(i=i, x=x))
 
 
+def store_next_or_end(sw: Sweep, state: Recompute) -> Recompute:
+    """`store_next`; or, when the next store event is not before `end - 1`, advance
+    to `end - 1` and store nothing."""
+    i, x = advance(sw, state.i, jnp.minimum(state.target, state.end - 1), state.x)
+    return push(sw, state._replace(i=i, x=x), when=i < state.end - 1)
+
+
 def store_step(sw: Sweep, state: Recompute) -> Recompute:
     """One forward step, storing its result (the schedule stores every step
     from here on, so no next store event is looked up)."""
@@ -163,15 +170,21 @@ def store_step(sw: Sweep, state: Recompute) -> Recompute:
     return push(sw, state._replace(i=state.i + 1, x=x), find_target=False)
 
 
-def push(sw: Sweep, state: Recompute, find_target: bool = True) -> Recompute:
-    """Store `x_i` on top of the stack and find the next store event."""
+def push(sw: Sweep, state: Recompute, find_target: bool = True, when=True) -> Recompute:
+    """Store `x_i` on top of the stack and find the next store event, where `when`
+    (a scalar) is true."""
     depth, order_pos, storage = state.stack
     free = jnp.minimum(depth, sw.slots - 1)
-    storage = _tape.store(storage, sw.order[free], state.x)
-    order_pos = order_pos.at[free].set(state.i)
-    stack = Stack(depth + 1, order_pos, storage)
+    storage = _tape.store(storage, sw.order[free], state.x, when)
+    i = state.i if when is True else jnp.where(when, state.i, order_pos[free])
+    order_pos = order_pos.at[free].set(i)
+    grown = depth + (1 if when is True else jnp.asarray(when).astype(jnp.int32))
+    stack = Stack(grown, order_pos, storage)
     if find_target:
-        state = state._replace(target=next_target(sw, state.i, state.end, depth + 1))
+        target = next_target(sw, state.i, state.end, depth + 1)
+        if when is not True:
+            target = jnp.where(when, target, state.target)
+        state = state._replace(target=target)
     return state._replace(stack=stack)
 
 
@@ -181,27 +194,29 @@ def recompute(sw: Sweep, end, stack: Stack) -> Recompute:
     checkpoints the binomial schedule places on the way (forward steps only).
 
     Store events while the schedule skips steps, each a tight loop of forward
-    steps, so its arithmetic runs once per stored checkpoint; then the steps to
-    `end - 1`. With the fast structure, once the rest of the segment fits the
-    free slots, a loop of a step and a store per iteration takes over."""
+    steps, so its arithmetic runs once per stored checkpoint; the last advances to
+    `end - 1` and stores nothing, so that one loop (one copy of the step for XLA
+    to compile) does both. With the fast structure (cheap steps), once the rest of
+    the segment fits the free slots, a loop of a step and a store per iteration
+    takes over, and the steps to `end - 1` run in a loop of their own: no store
+    is masked in a loop of cheap steps."""
     top = jnp.maximum(stack.depth - 1, 0)
     i = stack.order_pos[top]
     x = _tape.load(stack.storage, sw.order[top])
     state = Recompute(i, end, next_target(sw, i, end, top + 1), stack, x)
-    if sw.fast:
-        state = varying_while_loop(
-            lambda s: (s.target < s.end - 1) & ~all_stored(sw, s),
-            functools.partial(store_next, sw),
-            state,
+    if not sw.fast:
+        return varying_while_loop(
+            lambda s: s.i < s.end - 1, functools.partial(store_next_or_end, sw), state
         )
-        state = varying_while_loop(
-            lambda s: (s.i < s.end - 2) & all_stored(sw, s),
-            functools.partial(store_step, sw),
-            state,
-        )
-    else:
-        state = varying_while_loop(
-            lambda s: s.target < s.end - 1, functools.partial(store_next, sw), state
-        )
+    state = varying_while_loop(
+        lambda s: (s.target < s.end - 1) & ~all_stored(sw, s),
+        functools.partial(store_next, sw),
+        state,
+    )
+    state = varying_while_loop(
+        lambda s: (s.i < s.end - 2) & all_stored(sw, s),
+        functools.partial(store_step, sw),
+        state,
+    )
     i, x = advance(sw, state.i, end - 1, state.x)
     return state._replace(i=i, x=x)
