@@ -123,7 +123,6 @@ def closure_convert(fn: Callable, *args) -> ClosureConverted:
     )
 
 
-
 def with_inputs_added(fn: ClosureConverted, at: int, *args) -> ClosureConverted:
     """`fn`, whose jaxpr gained inputs while it was traced (`_jax_private.new_input`
     puts them after its arguments), as a function of `*args`: the flattened array

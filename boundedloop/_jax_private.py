@@ -68,7 +68,6 @@ convert_constvars_jaxpr = _pe.convert_constvars_jaxpr
 
 # buffers are not values
 pytype_aval_mappings = _core.pytype_aval_mappings
-
 register_canonicalize_value_handler = _dtypes.register_canonicalize_value_handler
 
 # sharding contexts

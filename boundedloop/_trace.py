@@ -289,9 +289,10 @@ def _as_shapes(tree):
 
 
 def _trace_body(body_fun, layout: Layout, x0, bufs0, *, name, gate):
-    """The body traced as the loop runs it, reading buffers plainly, once; twice
-    when `lax.while_loop`'s weak-type promotion changes a carry type (the initial
-    value is promoted and the body traced again).
+    """The body traced as the loop runs it, once; twice when `lax.while_loop`'s
+    weak-type promotion changes a carry type (the initial value is promoted and
+    the body traced again). Each buffer read adds its dummy to the traced body's
+    inputs, after its arguments (`trace_loop` moves them to their place).
 
     **Returns:**
 
