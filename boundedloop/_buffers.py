@@ -94,6 +94,8 @@ class StepTrace:
             done = jnp.all(get(self.written[leaf], index))
             unwritten = jnp.logical_and(self.active, ~done)
             self.unwritten_read = jnp.logical_or(self.unwritten_read, unwritten)
+        # every read has its dummy, so that the loop's stand-ins line up with the
+        # reads; a read of a buffer lent to an inner loop leaves it unused
         if callable(self.dummies):  # made as the reads are found
             dummy = self.dummies(index.result_shape(), array.dtype)
         else:
