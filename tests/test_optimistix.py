@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+
 optx = pytest.importorskip("optimistix")
 
 from boundedloop.optimistix import CheckpointedAdjoint  # noqa: E402
