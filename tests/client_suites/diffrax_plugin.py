@@ -3,10 +3,10 @@ default adjoint of `diffrax.diffeqsolve` (tests that pass an adjoint keep it). W
 `BOUNDEDLOOP_REPLACE_RCA=1` in the environment, tests that name
 `diffrax.RecursiveCheckpointAdjoint` get `CheckpointedAdjoint` too.
 
-    python -m pytest -p tests.diffrax_suite.plugin PATH/TO/diffrax/test/test_x.py
+    python -m pytest -p tests.client_suites.diffrax_plugin PATH/TO/diffrax/test/test_x.py
 
-(`tests/diffrax_suite/run.py` runs whole files this way, one test per process, next
-to the same tests with diffrax's default adjoint.)
+(`tests/client_suites/run.py diffrax` runs whole files this way, one test per
+process, next to the same tests with diffrax's default adjoint.)
 """
 
 import functools
