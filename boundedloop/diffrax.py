@@ -22,28 +22,17 @@ import jax
 import jax.tree_util as jtu
 from diffrax._solver import runge_kutta as _runge_kutta
 
-from ._while_loop import while_loop
+from ._equinox_signature import (
+    equinox_default_checkpoints as _checkpoints,
+    equinox_style_while_loop,
+)
 
 
 __all__ = ["CheckpointedAdjoint"]
 
 
-def _bl_while_loop(
-    cond_fun, body_fun, init_val, *, max_steps, buffers=None, checkpoints=None, **_
-):
-    """`equinox.internal.while_loop`'s signature, as diffrax calls it."""
-    return while_loop(
-        cond_fun,
-        body_fun,
-        init_val,
-        max_steps=max_steps,
-        checkpoints=checkpoints,
-        buffers=buffers,
-    )
-
-
-_inner_loop = jax.named_call(_bl_while_loop, name="inner-loop")
-_outer_loop = jax.named_call(_bl_while_loop, name="outer-loop")
+_inner_loop = jax.named_call(equinox_style_while_loop, name="inner-loop")
+_outer_loop = jax.named_call(equinox_style_while_loop, name="outer-loop")
 
 
 # The `scan_kind` this adjoint gives Runge-Kutta solvers that leave it unset: their
@@ -82,7 +71,7 @@ class _StageLoops:
             return self._eqxi.while_loop(
                 cond_fun, body_fun, init_val, kind=kind, **kwargs
             )
-        return _bl_while_loop(cond_fun, body_fun, init_val, **kwargs)
+        return equinox_style_while_loop(cond_fun, body_fun, init_val, **kwargs)
 
 
 _patching = threading.RLock()
@@ -100,18 +89,6 @@ def _stage_loops_on_boundedloop():
             yield
         finally:
             _runge_kutta.eqxi = original
-
-
-def _checkpoints(checkpoints: int | None, max_steps: int | None) -> int | None:
-    """`checkpoints`, or where it is `None` the budget of `RecursiveCheckpointAdjoint`'s
-    default: the fewest `c` with `(c + 1)(c + 2) / 2 > max_steps`, so that every trip
-    count up to `max_steps` is reversed with each step recomputed at most twice."""
-    if checkpoints is not None or max_steps is None:
-        return checkpoints
-    c = 1
-    while (c + 1) * (c + 2) // 2 <= max_steps:
-        c += 1
-    return c
 
 
 class CheckpointedAdjoint(diffrax.AbstractAdjoint):

@@ -15,43 +15,53 @@ Differentiates through the solver's iterations, as
 (`optx.AbstractAdjoint.apply` hands the solve its while loop).
 """
 
-import functools
-
 import optimistix as optx
 
-from ._while_loop import while_loop
+from ._equinox_signature import equinox_default_checkpoints, equinox_style_while_loop
 
 
 __all__ = ["CheckpointedAdjoint"]
 
 
-def _equinox_while_loop(
-    cond_fun, body_fun, init_val, *, max_steps, checkpoints=None, buffers=None, **_
-):
-    """`equinox.internal.while_loop`'s signature, as optimistix calls it."""
-    return while_loop(
-        cond_fun,
-        body_fun,
-        init_val,
-        max_steps=max_steps,
-        checkpoints=checkpoints,
-        buffers=buffers,
-    )
-
-
 class CheckpointedAdjoint(optx.AbstractAdjoint):
     """Differentiate through the iterations of an optimistix solve, on
-    `bl.while_loop`.
+    `bl.while_loop`: checkpointed reverse mode, forward mode and forward-over-reverse
+    second derivatives, all through this one adjoint.
+
+    A drop-in for `optx.RecursiveCheckpointAdjoint`, for the same problems: solves
+    stopped early, bilevel problems, differentiating through an optimiser's steps,
+    where the implicit function theorem (`optx.ImplicitAdjoint`) does not apply.
 
     **Arguments:**
 
-    - `checkpoints`: copies of the solver's state kept for the reverse sweep;
-      `None` takes `bl.while_loop`'s default for the solve's `max_steps`.
+    - `checkpoints`: copies of the solver's state the reverse sweep may hold, as
+        `bl.while_loop`'s `checkpoints`. `None` gives the memory budget of
+        `RecursiveCheckpointAdjoint`'s default for the solve's `max_steps` (about
+        `sqrt(2 * max_steps)`), or `bl.while_loop`'s own default where `max_steps`
+        is `None`.
     """
 
     checkpoints: int | None = None
 
     def apply(self, primal_fn, rewrite_fn, inputs, tags):
+        """optimistix's hook: run the solve (`primal_fn`) with our loop.
+
+        **Arguments:** as `optx.AbstractAdjoint.apply`; `rewrite_fn` and `tags`
+        serve implicit differentiation and are unused here.
+
+        **Returns:** what `primal_fn` returns.
+        """
         del rewrite_fn, tags
-        loop = functools.partial(_equinox_while_loop, checkpoints=self.checkpoints)
+
+        def loop(cond_fun, body_fun, init_val, *, max_steps, **kwargs):
+            checkpoints = equinox_default_checkpoints(self.checkpoints, max_steps)
+            return equinox_style_while_loop(
+                cond_fun,
+                body_fun,
+                init_val,
+                max_steps=max_steps,
+                checkpoints=checkpoints,
+                **kwargs,
+            )
+
         return primal_fn(inputs + (loop,))

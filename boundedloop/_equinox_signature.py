@@ -1,0 +1,51 @@
+"""`bl.while_loop` under `equinox.internal.while_loop`'s signature, the loop that
+diffrax and optimistix hand their solves."""
+
+from ._while_loop import while_loop
+
+
+def equinox_style_while_loop(
+    cond_fun, body_fun, init_val, *, max_steps, buffers=None, checkpoints=None, **_
+):
+    """`bl.while_loop` called as a client calls `equinox.internal.while_loop`.
+
+    **Arguments:**
+
+    - `cond_fun`, `body_fun`, `init_val`, `max_steps`, `buffers`, `checkpoints`: as
+      for `bl.while_loop`.
+    - the rest (equinox's `kind`, `base`): ignored; the loop is always ours.
+
+    **Returns:** the final value of the loop.
+    """
+    return while_loop(
+        cond_fun,
+        body_fun,
+        init_val,
+        max_steps=max_steps,
+        checkpoints=checkpoints,
+        buffers=buffers,
+    )
+
+
+def equinox_default_checkpoints(
+    checkpoints: int | None, max_steps: int | None
+) -> int | None:
+    """`checkpoints`, or where it is `None` the budget that equinox's checkpointed
+    loop (and so `RecursiveCheckpointAdjoint`, diffrax's and optimistix's) defaults
+    to: the fewest `c` with `(c + 1)(c + 2) / 2 > max_steps`, so that every trip
+    count up to `max_steps` is reversed with each step recomputed at most twice.
+
+    **Arguments:**
+
+    - `checkpoints`: the number a user asked for, or `None`.
+    - `max_steps`: the loop's bound, or `None` for an unbounded loop (whose
+      default is `bl.while_loop`'s own).
+
+    **Returns:** the number of checkpoints to give `bl.while_loop`.
+    """
+    if checkpoints is not None or max_steps is None:
+        return checkpoints
+    c = 1
+    while (c + 1) * (c + 2) // 2 <= max_steps:
+        c += 1
+    return c
