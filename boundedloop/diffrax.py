@@ -22,10 +22,7 @@ import jax
 import jax.tree_util as jtu
 from diffrax._solver import runge_kutta as _runge_kutta
 
-from ._equinox_signature import (
-    equinox_default_checkpoints as _checkpoints,
-    equinox_style_while_loop,
-)
+from ._equinox_signature import equinox_default_checkpoints, equinox_style_while_loop
 
 
 __all__ = ["CheckpointedAdjoint"]
@@ -143,7 +140,10 @@ class CheckpointedAdjoint(diffrax.AbstractAdjoint):
                 solver=_with_stage_kind(solver),
                 inner_while_loop=_inner_loop,
                 outer_while_loop=functools.partial(
-                    _outer_loop, checkpoints=_checkpoints(self.checkpoints, max_steps)
+                    _outer_loop,
+                    checkpoints=equinox_default_checkpoints(
+                        self.checkpoints, max_steps
+                    ),
                 ),
                 **kwargs,
             )

@@ -16,7 +16,8 @@ from .helpers import tree_allclose
 diffrax = pytest.importorskip("diffrax")
 lx = pytest.importorskip("lineax")
 
-from boundedloop.diffrax import _checkpoints, CheckpointedAdjoint  # noqa: E402
+from boundedloop._equinox_signature import equinox_default_checkpoints  # noqa: E402
+from boundedloop.diffrax import CheckpointedAdjoint  # noqa: E402
 
 
 Y0 = jnp.array([1.0, 2.0])
@@ -207,9 +208,11 @@ def test_default_checkpoints_match_recursive_checkpoint_adjoint():
             if max_steps == 1
             else math.floor(-1.5 + math.sqrt(2 * max_steps + 0.25)) + 1
         )
-        assert _checkpoints(None, max_steps) == equinox_default
-    assert _checkpoints(None, None) is None  # bl.while_loop's own default
-    assert _checkpoints(7, 4096) == 7
+        assert equinox_default_checkpoints(None, max_steps) == equinox_default
+    assert (
+        equinox_default_checkpoints(None, None) is None
+    )  # bl.while_loop's own default
+    assert equinox_default_checkpoints(7, 4096) == 7
 
 
 # Issue 28: `jax.grad` of a sum over `jax.vmap` of a solve, as a user training on

@@ -1,105 +1,267 @@
-"""`boundedloop.optimistix.CheckpointedAdjoint` against optimistix's own
-`RecursiveCheckpointAdjoint` (reverse mode) and itself (forward mode)."""
+"""`boundedloop.optimistix.CheckpointedAdjoint` against optimistix's own adjoints:
+`RecursiveCheckpointAdjoint` for reverse mode; for forward mode (which it cannot do)
+its `jax.jacrev`, and for second derivatives finite differences of its gradient
+and forward-over-forward through `lax.while_loop` (the same iterations)."""
+
+import functools
 
 import jax
 import jax.numpy as jnp
 import pytest
 
+from .helpers import tree_allclose
+
 
 optx = pytest.importorskip("optimistix")
+diffrax = pytest.importorskip("diffrax")
 
+from boundedloop.diffrax import CheckpointedAdjoint as DiffraxAdjoint  # noqa: E402
 from boundedloop.optimistix import CheckpointedAdjoint  # noqa: E402
-
-from .helpers import tree_allclose  # noqa: E402
 
 
 RCA = optx.RecursiveCheckpointAdjoint()
+OURS = CheckpointedAdjoint()
+
+
+class LaxLoopAdjoint(optx.AbstractAdjoint):
+    """The solve's iterations on `lax.while_loop`, bounded by `max_steps`: forward
+    mode only, exact."""
+
+    def apply(self, primal_fn, rewrite_fn, inputs, tags):
+        del rewrite_fn, tags
+
+        def loop(cond_fun, body_fun, init_val, *, max_steps, **_):
+            def bounded_cond(carry):
+                step, val = carry
+                return (step < max_steps) & cond_fun(val)
+
+            def counted_body(carry):
+                step, val = carry
+                return step + 1, body_fun(val)
+
+            return jax.lax.while_loop(bounded_cond, counted_body, (0, init_val))[1]
+
+        return primal_fn(inputs + (loop,))
 
 
 def _rosenbrock(y, a):
-    return jnp.sum(a * (y[1:] - y[:-1] ** 2) ** 2 + (1 - y[:-1]) ** 2)
-
-
-SOLVERS = {
-    "bfgs": optx.BFGS(rtol=1e-6, atol=1e-6),
-    "nonlinear_cg": optx.NonlinearCG(rtol=1e-6, atol=1e-6),
-    "gradient_descent": optx.GradientDescent(learning_rate=1e-3, rtol=1e-6, atol=1e-6),
-}
-
-
-def _loss(a, adjoint, solver):
-    sol = optx.minimise(
-        _rosenbrock,
-        solver,
-        jnp.array([-1.0, 1.5, 0.5]),
-        args=a,
-        adjoint=adjoint,
-        max_steps=40,
-        throw=False,
-    )
-    return jnp.sum(sol.value**2)
-
-
-@pytest.mark.parametrize("name", list(SOLVERS))
-def test_minimise_gradient_matches_recursive_checkpoint_adjoint(name):
-    a, solver = jnp.float32(3.0), SOLVERS[name]
-    ours = jax.grad(_loss)(a, CheckpointedAdjoint(), solver)
-    theirs = jax.grad(_loss)(a, RCA, solver)
-    assert tree_allclose(ours, theirs, rtol=1e-4)
-    # forward mode, which `RecursiveCheckpointAdjoint` cannot do
-    assert tree_allclose(
-        jax.jacfwd(_loss)(a, CheckpointedAdjoint(), solver), ours, rtol=1e-3
-    )
+    # tilted by `a[0]`, so that the minimiser depends on both parameters
+    valley = a[0] * (y[1:] - y[:-1] ** 2) ** 2 + (a[1] - y[:-1]) ** 2
+    return jnp.sum(valley) + 0.1 * a[0] * jnp.sum(y)
 
 
 def _residual(y, a):
-    return jnp.stack([y[0] ** 2 + a * y[1] - 2.0, jnp.sin(y[0]) + y[1] ** 3 - a])
+    # nearly linear, so that Chord (one Jacobian, at y0) converges too
+    return y + 0.25 * jnp.tanh(y[::-1]) - a * jnp.array([1.0, -0.5])
 
 
-def _solve(kind, solver, adjoint, a):
-    y0 = jnp.array([0.7, 0.4])
-    kw = dict(args=a, adjoint=adjoint, max_steps=64, throw=False)
-    if kind == "least_squares":
-        sol = optx.least_squares(_residual, solver, y0, **kw)
-    elif kind == "root_find":
-        sol = optx.root_find(_residual, solver, y0, **kw)
-    else:
-        sol = optx.fixed_point(lambda y, a: 0.5 * jnp.cos(a * y), solver, y0, **kw)
-    return jnp.sum(sol.value**2)
-
-
+TOL = dict(rtol=1e-6, atol=1e-6)
+# name: (problem, solver, max_steps)
 CASES = {
-    "gauss_newton": ("least_squares", optx.GaussNewton(rtol=1e-6, atol=1e-6)),
-    "levenberg_marquardt": (
-        "least_squares",
-        optx.LevenbergMarquardt(rtol=1e-6, atol=1e-6),
-    ),
-    "dogleg": ("least_squares", optx.Dogleg(rtol=1e-6, atol=1e-6)),
-    "newton": ("root_find", optx.Newton(rtol=1e-6, atol=1e-6)),
-    "fixed_point": ("fixed_point", optx.FixedPointIteration(rtol=1e-6, atol=1e-6)),
+    "bfgs": ("minimise", optx.BFGS(**TOL), 40),
+    "nonlinear_cg": ("minimise", optx.NonlinearCG(**TOL), 40),
+    "gradient_descent": ("minimise", optx.GradientDescent(1e-3, **TOL), 40),
+    "gauss_newton": ("least_squares", optx.GaussNewton(**TOL), 32),
+    "levenberg_marquardt": ("least_squares", optx.LevenbergMarquardt(**TOL), 32),
+    "dogleg": ("least_squares", optx.Dogleg(**TOL), 32),
+    "newton": ("root_find", optx.Newton(**TOL), 32),
+    "chord": ("root_find", optx.Chord(**TOL), 32),
+    "bisection": ("bisection", optx.Bisection(**TOL), 64),
+    "fixed_point": ("fixed_point", optx.FixedPointIteration(**TOL), 64),
 }
+Y0 = {
+    "minimise": jnp.array([-1.0, 1.5, 0.5]),
+    "least_squares": jnp.array([0.7, 0.4]),
+    "root_find": jnp.array([0.7, 0.4]),
+    "bisection": jnp.array(1.0),
+    "fixed_point": jnp.array([0.7, 0.4]),
+}
+A = jnp.array([1.3, 0.9])
+
+
+def _solution(name, adjoint, a, y0=None, *, max_steps="case", throw=False):
+    """The solve of case `name`: its `optx.Solution`."""
+    problem, solver, default_max_steps = CASES[name]
+    y0 = Y0[problem] if y0 is None else y0
+    kw = dict(
+        args=a,
+        adjoint=adjoint,
+        max_steps=default_max_steps if max_steps == "case" else max_steps,
+        throw=throw,
+    )
+    if problem == "minimise":
+        return optx.minimise(_rosenbrock, solver, y0, **kw)
+    if problem == "least_squares":
+        return optx.least_squares(_residual, solver, y0, **kw)
+    if problem == "root_find":
+        return optx.root_find(_residual, solver, y0, **kw)
+    if problem == "bisection":
+        fn = lambda y, a: y**3 - a[0] * y - a[1]  # noqa: E731
+        return optx.root_find(fn, solver, y0, options=dict(lower=0.0, upper=3.0), **kw)
+    fixed = lambda y, a: 0.5 * jnp.cos(a * y)  # noqa: E731
+    return optx.fixed_point(fixed, solver, y0, **kw)
+
+
+def _loss(name, adjoint, a, y0=None, **kwargs):
+    return jnp.sum(_solution(name, adjoint, a, y0, **kwargs).value ** 2)
+
+
+@functools.cache
+def _grad(name, adjoint, **kwargs):
+    """A jitted gradient of `_loss` in `a`, shared between tests."""
+    return jax.jit(jax.grad(functools.partial(_loss, name, adjoint, **kwargs)))
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_solves_gradient_and_forward_mode(name):
-    kind, solver = CASES[name]
-    a = jnp.float32(1.3)
-    grad = jax.grad(_solve, argnums=3)
-    ours = grad(kind, solver, CheckpointedAdjoint(), a)
-    assert tree_allclose(ours, grad(kind, solver, RCA, a), rtol=1e-4)
-    forward = jax.jacfwd(_solve, argnums=3)(kind, solver, CheckpointedAdjoint(), a)
-    assert tree_allclose(forward, ours, rtol=1e-3)
+def test_gradient_and_forward_mode_match_recursive_checkpoint_adjoint(name):
+    ours = _grad(name, OURS)(A)
+    theirs = _grad(name, RCA)(A)
+    assert tree_allclose(ours, theirs, rtol=1e-4, atol=1e-6)
+    # forward mode, which `RecursiveCheckpointAdjoint` cannot do, against its jacrev
+    forward = jax.jacfwd(functools.partial(_loss, name, OURS))(A)
+    assert tree_allclose(forward, theirs, rtol=1e-3, atol=1e-6)
+    if name == "bisection":
+        # the iterates are midpoints of an interval that does not depend on `a`: the
+        # unrolled derivative is zero with either adjoint (`ImplicitAdjoint`'s is not)
+        assert tree_allclose(ours, jnp.zeros(2))
+    else:
+        assert jnp.max(jnp.abs(ours)) > 1e-2
 
 
-@pytest.mark.parametrize("name", ["gauss_newton", "fixed_point"])
-def test_vmap_of_grad(name):
-    # (Dogleg's vmap(grad) fails inside lineax with RecursiveCheckpointAdjoint too)
-    kind, solver = CASES[name]
-    batch = jnp.array([1.1, 1.3])
-    grad = jax.grad(_solve, argnums=3)
-    ours = jax.vmap(grad, in_axes=(None, None, None, 0))(
-        kind, solver, CheckpointedAdjoint(), batch
+# BFGS for exactly 8 steps (no tolerance stops it: a smooth function of `a`), and
+# Newton to convergence
+HESSIAN_CASES = {
+    "bfgs_8_steps": ("bfgs", optx.BFGS(rtol=0.0, atol=0.0), 8),
+    "newton": ("newton", CASES["newton"][1], 32),
+}
+
+
+@pytest.mark.parametrize("case", list(HESSIAN_CASES))
+def test_hessian(case, monkeypatch):
+    name, solver, max_steps = HESSIAN_CASES[case]
+    monkeypatch.setitem(CASES, name, (CASES[name][0], solver, max_steps))
+    loss = functools.partial(_loss, name)
+    ours = jax.hessian(functools.partial(loss, OURS))(A)
+    exact = jax.jacfwd(jax.jacfwd(functools.partial(loss, LaxLoopAdjoint())))(A)
+    assert tree_allclose(ours, exact, rtol=1e-3, atol=1e-4)
+    # central differences of `RecursiveCheckpointAdjoint`'s gradient
+    eps = 1e-2
+    grad = jax.jit(jax.grad(functools.partial(loss, RCA)))
+    columns = [(grad(A + eps * e) - grad(A - eps * e)) / (2 * eps) for e in jnp.eye(2)]
+    assert tree_allclose(ours, jnp.stack(columns, axis=1), rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.parametrize("checkpoints", [1, 3, None])
+@pytest.mark.parametrize("max_steps", [5, 12])
+def test_max_steps_reached(checkpoints, max_steps):
+    # BFGS needs about 20 steps here: the solve stops at `max_steps` (result
+    # `nonlinear_max_steps_reached`), and the gradient is that of its first steps
+    ours = CheckpointedAdjoint(checkpoints=checkpoints)
+    theirs = optx.RecursiveCheckpointAdjoint(checkpoints=checkpoints)
+    sol = _solution("bfgs", ours, A, max_steps=max_steps)
+    assert sol.result == optx.RESULTS.nonlinear_max_steps_reached
+    assert sol.stats["num_steps"] == max_steps
+    assert tree_allclose(
+        _grad("bfgs", ours, max_steps=max_steps)(A),
+        _grad("bfgs", theirs, max_steps=max_steps)(A),
+        rtol=1e-4,
     )
-    for b in range(2):
-        expected = grad(kind, solver, RCA, batch[b])
-        assert tree_allclose(ours[b], expected, rtol=1e-4)
+
+
+def test_unbounded_solve():
+    # `max_steps=None`: `RecursiveCheckpointAdjoint` needs `checkpoints` then; ours
+    # takes `bl.while_loop`'s default
+    ours = _grad("bfgs", OURS, max_steps=None)
+    theirs = _grad("bfgs", optx.RecursiveCheckpointAdjoint(checkpoints=4))
+    assert tree_allclose(ours(A), theirs(A), rtol=1e-4)
+
+
+def test_throw():
+    converged = _grad("newton", OURS, throw=True)(A)
+    assert tree_allclose(converged, _grad("newton", OURS)(A))
+    for adjoint in [OURS, RCA]:
+        with pytest.raises(Exception, match="maximum number of steps was reached"):
+            jax.block_until_ready(_grad("bfgs", adjoint, max_steps=5, throw=True)(A))
+
+
+@pytest.mark.parametrize("name", ["bfgs", "gauss_newton", "fixed_point"])
+@pytest.mark.parametrize("batched", ["args", "y0", "both"])
+def test_vmap(name, batched):
+    # against the same transforms of `RecursiveCheckpointAdjoint`: batched linear
+    # algebra rounds differently from one element at a time (1e-4 for BFGS)
+    y0 = Y0[CASES[name][0]]
+    in_axes = (0 if batched != "y0" else None, 0 if batched != "args" else None)
+    a = jnp.stack([A, A * 1.1, A * 0.9]) if in_axes[0] == 0 else A
+    y0 = jnp.stack([y0, y0 * 0.9, y0 * 1.1]) if in_axes[1] == 0 else y0
+
+    def grad_of_vmap(adjoint):
+        loss = jax.vmap(functools.partial(_loss, name, adjoint), in_axes=in_axes)
+        return jax.grad(lambda a, y0: jnp.sum(loss(a, y0)), argnums=(0, 1))(a, y0)
+
+    def vmap_of_grad(adjoint):
+        grad = jax.grad(functools.partial(_loss, name, adjoint), argnums=(0, 1))
+        return jax.vmap(grad, in_axes=in_axes)(a, y0)
+
+    for transforms in [grad_of_vmap, vmap_of_grad]:
+        assert tree_allclose(transforms(OURS), transforms(RCA), rtol=1e-5, atol=1e-6)
+
+
+def _implicit_ode(a, optx_adjoint, diffrax_adjoint):
+    """An ODE whose vector field solves a nonlinear equation: `y' = -z` where
+    `z + z**3 / 3 = a * y` (Newton, differentiated through its iterations)."""
+
+    def vector_field(t, y, a):
+        del t
+        fn = lambda z, rhs: z + z**3 / 3 - rhs  # noqa: E731
+        newton = optx.Newton(rtol=1e-6, atol=1e-6)
+        sol = optx.root_find(
+            fn, newton, y, args=a * y, adjoint=optx_adjoint, throw=False
+        )
+        return -sol.value
+
+    sol = diffrax.diffeqsolve(
+        diffrax.ODETerm(vector_field),
+        diffrax.Tsit5(),
+        0.0,
+        1.0,
+        0.1,
+        jnp.array([1.0, 0.5]),
+        args=a,
+        adjoint=diffrax_adjoint,
+        max_steps=32,
+    )
+    return jnp.sum(sol.ys**2)
+
+
+def test_solve_inside_a_diffrax_vector_field():
+    a = jnp.float32(1.5)
+    ours = jax.grad(_implicit_ode)(a, OURS, DiffraxAdjoint())
+    theirs = jax.grad(_implicit_ode)(a, RCA, diffrax.RecursiveCheckpointAdjoint())
+    assert tree_allclose(ours, theirs, rtol=1e-4)
+    forward = jax.jacfwd(_implicit_ode)(a, OURS, DiffraxAdjoint())
+    assert tree_allclose(forward, theirs, rtol=1e-3)
+
+
+def test_default_checkpoints_are_recursive_checkpoint_adjoints(monkeypatch):
+    import boundedloop.optimistix
+
+    given = []
+
+    def record(*args, checkpoints, **kwargs):
+        given.append(checkpoints)
+        return real(*args, checkpoints=checkpoints, **kwargs)
+
+    real = boundedloop.optimistix.equinox_style_while_loop
+    monkeypatch.setattr(boundedloop.optimistix, "equinox_style_while_loop", record)
+    for adjoint, max_steps in [(OURS, 32), (CheckpointedAdjoint(3), 32), (OURS, None)]:
+        # a function of its own, so that no earlier trace is reused
+        fn = lambda y, a: y - a  # noqa: E731
+        solver = optx.Newton(rtol=1e-6, atol=1e-6)
+        jax.eval_shape(
+            lambda a: optx.root_find(
+                fn, solver, a, a, adjoint=adjoint, max_steps=max_steps
+            ),
+            A,
+        )
+    # 7: the fewest c with (c + 1)(c + 2) / 2 > 32, equinox's default
+    assert given == [7, 3, None]
