@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from .client_suites.optimistix_plugin import lax_unrolled_adjoint
 from .helpers import tree_allclose
 
 
@@ -21,27 +22,6 @@ from boundedloop.optimistix import CheckpointedAdjoint  # noqa: E402
 
 RCA = optx.RecursiveCheckpointAdjoint()
 OURS = CheckpointedAdjoint()
-
-
-class LaxLoopAdjoint(optx.AbstractAdjoint):
-    """The solve's iterations on `lax.while_loop`, bounded by `max_steps`: forward
-    mode only, exact."""
-
-    def apply(self, primal_fn, rewrite_fn, inputs, tags):
-        del rewrite_fn, tags
-
-        def loop(cond_fun, body_fun, init_val, *, max_steps, **_):
-            def bounded_cond(carry):
-                step, val = carry
-                return (step < max_steps) & cond_fun(val)
-
-            def counted_body(carry):
-                step, val = carry
-                return step + 1, body_fun(val)
-
-            return jax.lax.while_loop(bounded_cond, counted_body, (0, init_val))[1]
-
-        return primal_fn(inputs + (loop,))
 
 
 def _rosenbrock(y, a):
@@ -142,7 +122,7 @@ def test_hessian(case, monkeypatch):
     monkeypatch.setitem(CASES, name, (CASES[name][0], solver, max_steps))
     loss = functools.partial(_loss, name)
     ours = jax.hessian(functools.partial(loss, OURS))(A)
-    exact = jax.jacfwd(jax.jacfwd(functools.partial(loss, LaxLoopAdjoint())))(A)
+    exact = jax.jacfwd(jax.jacfwd(functools.partial(loss, lax_unrolled_adjoint())))(A)
     assert tree_allclose(ours, exact, rtol=1e-3, atol=1e-4)
     # central differences of `RecursiveCheckpointAdjoint`'s gradient
     eps = 1e-2

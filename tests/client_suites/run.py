@@ -4,7 +4,8 @@ in (`diffrax_plugin.py`, `optimistix_plugin.py`), and compare test by test.
     python tests/client_suites/run.py diffrax DIFFRAX_SOURCE test_adjoint.py \\
         [--timeout 600] [--typechecks] [--out benchmarks/results/diffrax_suite.json]
     python tests/client_suites/run.py optimistix OPTIMISTIX_SOURCE test_root_find.py \\
-        --per-file --typechecks [--out benchmarks/results/optimistix_suite.json]
+        --per-file --typechecks --recheck BOUNDEDLOOP_OPTIMISTIX_ADJOINT=lax \\
+        [--out benchmarks/results/optimistix_suite.json]
 
 `*_SOURCE` is a checkout of the client at the tag of the installed version (its test
 folder is used). By default each test runs in its own process, because some of
@@ -62,9 +63,9 @@ def pytest_command(client: str, ours: bool, typechecks: bool) -> list[str]:
     return command
 
 
-def run(command: list[str], source: pathlib.Path, timeout: float):
+def run(command: list[str], source: pathlib.Path, timeout: float, extra_env=None):
     """**Returns:** the finished process and its seconds, or `None` on a timeout."""
-    env = dict(os.environ, PYTHONPATH=f"{HERE}{os.pathsep}{ROOT}")
+    env = dict(os.environ, PYTHONPATH=f"{HERE}{os.pathsep}{ROOT}", **(extra_env or {}))
     start = time.perf_counter()
     try:
         done = subprocess.run(
@@ -80,8 +81,8 @@ def run(command: list[str], source: pathlib.Path, timeout: float):
     return done, round(time.perf_counter() - start, 1)
 
 
-def run_one(source, test_id, command, timeout) -> dict:
-    done, seconds = run(command + [test_id], source, timeout)
+def run_one(source, test_id, command, timeout, extra_env=None) -> dict:
+    done, seconds = run(command + [test_id], source, timeout, extra_env)
     if done is None:
         return dict(outcome="timeout", seconds=seconds)
     if done.returncode == 0:
@@ -142,17 +143,38 @@ def main():
     parser.add_argument("--out", default=None)
     parser.add_argument("--per-file", action="store_true")
     parser.add_argument(
+        "--recheck",
+        metavar="KEY=VALUE",
+        help="rerun the tests that pass with the client's adjoint and fail with ours "
+        "with the plugin and this environment variable (a third column, 'recheck')",
+    )
+    parser.add_argument(
         "--typechecks",
         action="store_true",
         help="keep the client's run-time type checks of its own functions",
     )
+    parser.add_argument(
+        "--resume",
+        type=pathlib.Path,
+        help="an earlier run's --out: files whose tests it has are not run again",
+    )
     args = parser.parse_args()
     folder = TEST_FOLDER[args.client]
+    earlier = {}
+    if args.resume is not None:
+        earlier = {row["test"]: row for row in json.loads(args.resume.read_text())}
     results = []
     for test_file in args.files:
         test_ids = collect(args.source, folder, test_file)
         columns = {}
+        if all(t in earlier for t in test_ids):
+            columns = {
+                label: {t: earlier[t][label] for t in test_ids}
+                for label in ["default", "ours"]
+            }
         for label, ours in [("default", False), ("ours", True)]:
+            if label in columns:
+                continue
             command = pytest_command(args.client, ours, args.typechecks)
             if args.per_file:
                 columns[label] = run_file(
@@ -164,11 +186,17 @@ def main():
                 }
         for test_id in test_ids:
             row = dict(test=test_id, **{k: v[test_id] for k, v in columns.items()})
+            if args.recheck and row["ours"]["outcome"] != row["default"]["outcome"]:
+                key, value = args.recheck.split("=", 1)
+                command = pytest_command(args.client, True, args.typechecks)
+                row["recheck"] = run_one(
+                    args.source, test_id, command, args.timeout, {key: value}
+                )
             results.append(row)
-            print(
-                f"| {test_id} | {row['default']['outcome']} | {row['ours']['outcome']} |",
-                flush=True,
-            )
+            cells = [
+                row[k]["outcome"] for k in ["default", "ours", "recheck"] if k in row
+            ]
+            print(f"| {test_id} | {' | '.join(cells)} |", flush=True)
     for label in ["default", "ours"]:
         counts = {}
         for row in results:
