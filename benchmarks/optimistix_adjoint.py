@@ -1,0 +1,167 @@
+"""optimistix solves differentiated three ways, side by side in one process:
+`boundedloop.optimistix.CheckpointedAdjoint()` ("ours"), optimistix's
+`RecursiveCheckpointAdjoint()` ("RCA", the same unrolled derivative on equinox's
+checkpointed loop) and `ImplicitAdjoint()` ("implicit", the default: the implicit
+function theorem at the solution, a different derivative).
+
+    python benchmarks/optimistix_adjoint.py [--rounds 100] [--compiles 5] [--out FILE]
+
+For each problem (the default `max_steps=256`, float32):
+
+- **gradient**: `jax.jit(jax.grad(loss))`, medians of interleaved rounds after
+  warm-up;
+- **jacfwd**: `jax.jit(jax.jacfwd(loss))` for ours and implicit (RCA raises: it has
+  no forward mode);
+- **compile**: trace + lower + XLA compile of the jitted gradient, a fresh function
+  each time (no cache), the adjoints alternating; medians of `--compiles`.
+
+Problems: BFGS on a 16-dimensional Rosenbrock function, Levenberg-Marquardt on a
+least-squares fit of 32 residuals, Newton on 8 coupled nonlinear equations,
+fixed-point iteration on 8 equations; each has two parameters. Ratios are ours over
+the others within this run.
+"""
+
+import argparse
+import random
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import optimistix as optx
+from _common import interleaved_medians, write_results
+
+from boundedloop.optimistix import CheckpointedAdjoint
+
+
+ADJOINTS = {
+    "ours": CheckpointedAdjoint,
+    "RCA": optx.RecursiveCheckpointAdjoint,
+    "implicit": optx.ImplicitAdjoint,
+}
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def rosenbrock(y, a):
+    valley = a[0] * (y[1:] - y[:-1] ** 2) ** 2 + (a[1] - y[:-1]) ** 2
+    return jnp.sum(valley) + 0.1 * a[0] * jnp.sum(y)
+
+
+def fit_residuals(y, a):
+    t = jnp.linspace(0.0, 1.0, 32)
+    data = a[0] * jnp.exp(-a[1] * t) + 0.1 * jnp.sin(7 * t)
+    return y[0] * jnp.exp(-y[1] * t) + y[2] * t - data
+
+
+def coupled(y, a):
+    return y + 0.3 * jnp.tanh(jnp.roll(y, 1)) - a[0] * jnp.cos(a[1] * jnp.arange(8.0))
+
+
+def contraction(y, a):
+    return 0.5 * jnp.cos(a[0] * y + a[1] * jnp.roll(y, 1))
+
+
+PROBLEMS = {
+    "BFGS, Rosenbrock (16)": (optx.minimise, rosenbrock, optx.BFGS(**TOL), 16),
+    "Levenberg-Marquardt, fit (3 of 32)": (
+        optx.least_squares,
+        fit_residuals,
+        optx.LevenbergMarquardt(**TOL),
+        3,
+    ),
+    "Newton, root (8)": (optx.root_find, coupled, optx.Newton(**TOL), 8),
+    "fixed point (8)": (
+        optx.fixed_point,
+        contraction,
+        optx.FixedPointIteration(**TOL),
+        8,
+    ),
+}
+
+
+def make_loss(problem, name):
+    """A fresh loss (a new closure each call, so `jax.jit` has no cache)."""
+    solve, fn, solver, size = PROBLEMS[problem]
+    adjoint = ADJOINTS[name]()
+    y0 = jnp.linspace(0.1, 0.9, size)
+
+    def loss(a):
+        sol = solve(fn, solver, y0, args=a, adjoint=adjoint, throw=False)
+        return jnp.sum(sol.value**2)
+
+    return loss
+
+
+def steps_taken(problem, a):
+    solve, fn, solver, size = PROBLEMS[problem]
+    y0 = jnp.linspace(0.1, 0.9, size)
+    sol = solve(fn, solver, y0, args=a, throw=False)
+    return int(sol.stats["num_steps"]), int(sol.result._value)
+
+
+def compile_seconds(fn, a):
+    t0 = time.perf_counter()
+    jax.jit(fn).lower(a).compile()
+    return time.perf_counter() - t0
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--compiles", type=int, default=5)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    a = jnp.array([1.3, 0.9])
+    rng = random.Random(0)
+    results = {}
+    print(
+        "| problem | steps | gradient ms: ours / RCA / implicit | ours / RCA "
+        "| ours / implicit | jacfwd ms: ours / implicit "
+        "| compile s: ours / RCA / implicit | ours / RCA |"
+    )
+    print("|---|---:|---|---:|---:|---|---|---:|")
+    for problem in PROBLEMS:
+        steps, result = steps_taken(problem, a)
+        grads = {k: jax.jit(jax.grad(make_loss(problem, k))) for k in ADJOINTS}
+        forwards = {
+            k: jax.jit(jax.jacfwd(make_loss(problem, k))) for k in ["ours", "implicit"]
+        }
+        values = {k: fn(a) for k, fn in {**grads, **forwards}.items()}  # warm-up
+        agree = float(jnp.max(jnp.abs(values["ours"] - values["RCA"])))
+        grad_ms = interleaved_medians(grads, {k: (a,) for k in grads}, args.rounds)
+        fwd_ms = interleaved_medians(
+            forwards, {k: (a,) for k in forwards}, args.rounds
+        )
+        samples = {k: [] for k in ADJOINTS}
+        order = list(ADJOINTS)
+        for _ in range(args.compiles):
+            rng.shuffle(order)
+            for k in order:
+                fn = jax.grad(make_loss(problem, k))
+                samples[k].append(compile_seconds(fn, a))
+        compile_s = {k: statistics.median(v) for k, v in samples.items()}
+        row = dict(
+            steps=steps,
+            result=result,
+            ours_minus_rca_max_abs=agree,
+            gradient_seconds=grad_ms,
+            jacfwd_seconds=fwd_ms,
+            compile_seconds=compile_s,
+        )
+        results[problem] = row
+        ms = lambda d, keys: " / ".join(f"{1e3 * d[k]:.3f}" for k in keys)  # noqa: E731
+        print(
+            f"| {problem} | {steps} | {ms(grad_ms, ADJOINTS)} "
+            f"| {grad_ms['ours'] / grad_ms['RCA']:.2f} "
+            f"| {grad_ms['ours'] / grad_ms['implicit']:.2f} "
+            f"| {ms(fwd_ms, forwards)} "
+            f"| {' / '.join(f'{compile_s[k]:.2f}' for k in ADJOINTS)} "
+            f"| {compile_s['ours'] / compile_s['RCA']:.2f} |",
+            flush=True,
+        )
+    if args.out:
+        write_results(args.out, rounds=args.rounds, compiles=args.compiles, **results)
+
+
+if __name__ == "__main__":
+    main()
