@@ -11,8 +11,9 @@ in (`diffrax_plugin.py`, `optimistix_plugin.py`), and compare test by test.
 folder is used). By default each test runs in its own process, because some of
 diffrax's tests crash XLA's compiler or run out of memory with its default adjoint; a
 crash or a timeout is recorded as such. `--per-file` runs each file in one process
-(optimistix has 811 tests) and reads the outcomes from pytest's JUnit XML, falling
-back to one process per test for a file whose process crashes or times out. Not part
+(optimistix has 811 tests) and reads the outcomes as pytest prints them; a crash or
+a timeout is recorded for the test that was running, and a new process runs the
+rest (`--timeout` is then per process). Not part
 of `python -m pytest`: it takes tens of minutes.
 """
 
@@ -20,11 +21,10 @@ import argparse
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
-import tempfile
 import time
-import xml.etree.ElementTree as ET
 
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -99,39 +99,46 @@ def run_one(source, test_id, command, timeout, extra_env=None) -> dict:
     return dict(outcome=outcome, seconds=seconds, tail=tail)
 
 
-def _junit_outcomes(path: pathlib.Path, folder: str) -> dict[str, dict]:
-    """Test id (as `--collect-only` prints it) to outcome, from a JUnit XML file."""
-    outcomes = {}
-    for case in ET.parse(path).getroot().iter("testcase"):
-        module = case.get("classname", "").replace(".", "/")
-        test_id = f"{module}.py::{case.get('name')}"
-        outcome, message = "passed", []
-        for child in case:
-            if child.tag in ("failure", "error"):
-                outcome = "failed"
-                message = [child.get("message", "")[:300]]
-            elif child.tag == "skipped":
-                outcome = "skipped"
-        outcomes[test_id] = dict(
-            outcome=outcome, seconds=round(float(case.get("time", 0)), 1), tail=message
-        )
+_OUTCOME_LINE = re.compile(r"^(\S+::.*?) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+# the short summary's `FAILED id - message`
+_SUMMARY_LINE = re.compile(r"^(?:FAILED|ERROR) (\S+::.*?) - (.*)$")
+_OUTCOMES = dict(
+    PASSED="passed",
+    FAILED="failed",
+    ERROR="failed",
+    SKIPPED="skipped",
+    XFAIL="skipped",
+    XPASS="passed",
+)
+
+
+def run_file(source, test_ids, command, timeout) -> dict[str, dict]:
+    """Run `test_ids` in one process, reading each outcome as pytest prints it; where
+    the process crashes or times out, the test it was running is recorded so and a
+    new process runs the rest."""
+    outcomes, remaining = {}, list(test_ids)
+    while remaining:
+        # -vv: one line per test, against the command's -q
+        done, seconds = run(command + ["-vv", "-rfE"] + remaining, source, timeout)
+        stdout = "" if done is None else done.stdout
+        for line in stdout.splitlines():
+            match = _OUTCOME_LINE.match(line)
+            if match and match.group(1) in remaining:
+                outcomes[match.group(1)] = dict(outcome=_OUTCOMES[match.group(2)])
+            match = _SUMMARY_LINE.match(line)
+            if match and match.group(1) in outcomes:
+                outcomes[match.group(1)]["tail"] = [match.group(2)[:300]]
+        remaining = [t for t in remaining if t not in outcomes]
+        if remaining and (done is None or done.returncode not in (0, 1)):
+            # the first test without an outcome is the one that was running
+            status = "timeout" if done is None else f"crashed (exit {done.returncode})"
+            outcomes[remaining.pop(0)] = dict(outcome=status, seconds=seconds)
+            print(f"{status}; a new process for the {len(remaining)} left", flush=True)
+        elif remaining:
+            for test_id in remaining:  # collected by us, not run by pytest
+                outcomes[test_id] = dict(outcome="not run")
+            remaining = []
     return outcomes
-
-
-def run_file(source, folder, test_file, test_ids, command, timeout) -> dict[str, dict]:
-    with tempfile.TemporaryDirectory() as tmp:
-        xml = pathlib.Path(tmp) / "junit.xml"
-        done, _ = run(
-            command + [f"--junitxml={xml}", f"{folder}/{test_file}"], source, timeout
-        )
-        if done is not None and done.returncode in (0, 1) and xml.exists():
-            outcomes = _junit_outcomes(xml, folder)
-            missing = [t for t in test_ids if t not in outcomes]
-            if not missing:
-                return outcomes
-            print(f"{test_file}: {len(missing)} ids not in the XML", flush=True)
-    print(f"{test_file}: crashed or timed out; one process per test", flush=True)
-    return {t: run_one(source, t, command, timeout) for t in test_ids}
 
 
 def main():
@@ -177,9 +184,7 @@ def main():
                 continue
             command = pytest_command(args.client, ours, args.typechecks)
             if args.per_file:
-                columns[label] = run_file(
-                    args.source, folder, test_file, test_ids, command, args.timeout
-                )
+                columns[label] = run_file(args.source, test_ids, command, args.timeout)
             else:
                 columns[label] = {
                     t: run_one(args.source, t, command, args.timeout) for t in test_ids
@@ -193,6 +198,8 @@ def main():
                     args.source, test_id, command, args.timeout, {key: value}
                 )
             results.append(row)
+            if args.out:
+                pathlib.Path(args.out).write_text(json.dumps(results, indent=1))
             cells = [
                 row[k]["outcome"] for k in ["default", "ours", "recheck"] if k in row
             ]
