@@ -129,9 +129,7 @@ def main():
         values = {k: fn(a) for k, fn in {**grads, **forwards}.items()}  # warm-up
         agree = float(jnp.max(jnp.abs(values["ours"] - values["RCA"])))
         grad_ms = interleaved_medians(grads, {k: (a,) for k in grads}, args.rounds)
-        fwd_ms = interleaved_medians(
-            forwards, {k: (a,) for k in forwards}, args.rounds
-        )
+        fwd_ms = interleaved_medians(forwards, {k: (a,) for k in forwards}, args.rounds)
         samples = {k: [] for k in ADJOINTS}
         order = list(ADJOINTS)
         for _ in range(args.compiles):

@@ -584,10 +584,17 @@ def diffrax_summary_table() -> str:
     )
 
 
-def diffrax_suite_table() -> str:
-    """diffrax's own test files with each adjoint: how many of each file's tests
-    passed, and every test that did not (the diffrax guide)."""
-    rows = _json("diffrax_suite.json")
+def client_suite_table(name: str, theirs: str, listed: int = 12) -> str:
+    """A client's own test files with each adjoint (`tests/client_suites/run.py`):
+    how many of each file's tests passed, and the tests whose outcomes differ or that
+    pass with neither, grouped by test function where more than `listed` do.
+
+    **Arguments:**
+
+    - `name`: the results file, `benchmarks/results/<name>.json`.
+    - `theirs`: what the client's own adjoint is called in the table.
+    """
+    rows = _json(f"{name}.json")
     files = list(dict.fromkeys(r["test"].split("::")[0] for r in rows))
     out = []
     for f in files:
@@ -603,24 +610,82 @@ def diffrax_suite_table() -> str:
             ]
         )
     lines = _table(
-        ["file", "tests", "passed, diffrax's adjoint", "passed, `CheckpointedAdjoint`"],
+        ["file", "tests", f"passed, {theirs}", "passed, `CheckpointedAdjoint`"],
         out,
         ["---", "---:", "---:", "---:"],
     )
-    failed = [
+    different = [
         r
         for r in rows
         if "passed" not in (r["default"]["outcome"], r["ours"]["outcome"])
         or r["default"]["outcome"] != r["ours"]["outcome"]
     ]
-    if failed:
-        lines += ["", "Not passed:", ""]
-        lines += [
-            f"- `{r['test'].split('::')[1]}`: {r['default']['outcome']} with "
-            f"diffrax's adjoint, {r['ours']['outcome']} with `CheckpointedAdjoint`"
-            for r in failed
-        ]
+
+    def outcomes(r):
+        said = (
+            f"{r['default']['outcome']} with {theirs}, {r['ours']['outcome']} with ours"
+        )
+        if "recheck" in r:
+            said += f", {r['recheck']['outcome']} unrolled on `lax.while_loop`"
+        return said
+
+    if different:
+        lines += ["", "Not passed with both:", ""]
+        if len(different) <= listed:
+            lines += [
+                f"- `{r['test'].split('::')[1]}`: {outcomes(r)}" for r in different
+            ]
+        else:
+            groups = {}
+            for r in different:
+                function = r["test"].split("::")[1].split("[")[0]
+                key = (function, outcomes(r))
+                groups[key] = groups.get(key, 0) + 1
+            lines += [
+                f"- `{function}`, {count} case{'s' * (count > 1)}: {said}"
+                for (function, said), count in groups.items()
+            ]
     return _text(lines)
+
+
+# --- optimistix: benchmarks/optimistix_adjoint.py -------------------------------
+
+
+def optimistix_adjoint_table() -> str:
+    """Gradient, forward mode and compile of optimistix solves with each adjoint
+    (the optimistix guide)."""
+    data = _json("optimistix_adjoint.json")
+    problems = {k: v for k, v in data.items() if isinstance(v, dict) and "steps" in v}
+    out = []
+    for problem, row in problems.items():
+        grad, fwd, comp = (
+            row[k] for k in ("gradient_seconds", "jacfwd_seconds", "compile_seconds")
+        )
+        out.append(
+            [
+                problem,
+                row["steps"],
+                " / ".join(
+                    milliseconds(grad[k] * 1e3) for k in ("ours", "RCA", "implicit")
+                ),
+                f"{grad['ours'] / grad['RCA']:.2f}",
+                " / ".join(milliseconds(fwd[k] * 1e3) for k in ("ours", "implicit")),
+                " / ".join(f"{comp[k]:.2f}" for k in ("ours", "RCA", "implicit")),
+                f"{comp['ours'] / comp['RCA']:.2f}",
+            ]
+        )
+    header = [
+        "problem (unknowns)",
+        "steps",
+        "gradient: ours / RCA / implicit",
+        "ours / RCA",
+        "`jacfwd`: ours / implicit",
+        "gradient compile, s: ours / RCA / implicit",
+        "ours / RCA",
+    ]
+    return _text(
+        _table(header, out, ["---", "---:", "---:", "---:", "---:", "---:", "---:"])
+    )
 
 
 # --- scaling out: benchmarks/distributed.py ------------------------------------
@@ -703,7 +768,11 @@ GENERATORS = {
     "diffrax_long": lambda: diffrax_table("long"),
     "diffrax_wide": lambda: diffrax_table("wide"),
     "diffrax_summary": diffrax_summary_table,
-    "diffrax_suite": diffrax_suite_table,
+    "diffrax_suite": lambda: client_suite_table("diffrax_suite", "diffrax's adjoint"),
+    "optimistix_suite": lambda: client_suite_table(
+        "optimistix_suite", "optimistix's adjoints"
+    ),
+    "optimistix_adjoint": optimistix_adjoint_table,
     "distributed": distributed_table,
     "small_solves": small_solves_table,
 }
