@@ -41,3 +41,9 @@ def test_neural_ode_loss_falls():
     with jax.numpy_dtype_promotion("standard"):
         losses = load("neural_ode").main(steps=30)
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_optimistix_bilevel_loss_falls():
+    pytest.importorskip("optimistix")
+    losses = load("optimistix_bilevel").main(outer_steps=3)
+    assert losses[-1] < 0.8 * losses[0]
