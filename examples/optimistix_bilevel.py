@@ -1,13 +1,13 @@
-"""Tune two regularisation strengths of a logistic regression by Newton's method,
-differentiating the validation loss through the 30 gradient-descent steps that
-train it.
+"""Tune two regularisation strengths of a logistic regression by Newton's
+method, differentiating the validation loss through the 30 gradient-descent
+steps that train it.
 
-Training stops after a fixed 30 steps, well before it converges, so the implicit
-function theorem (`optx.ImplicitAdjoint`, optimistix's default) would give the
-derivative of a solution that was never reached. Differentiating through the steps
-taken is what `optx.RecursiveCheckpointAdjoint` does, in reverse mode (and forward
-over reverse, so `jax.hessian`); `CheckpointedAdjoint` gives the same derivatives
-and forward mode too (`jax.jvp`, `jax.jacfwd`).
+Training stops after a fixed 30 steps, well before it converges, so the
+implicit function theorem (`optx.ImplicitAdjoint`, optimistix's default) would
+give the derivative of a solution that was never reached. Differentiating
+through the steps taken is what `optx.RecursiveCheckpointAdjoint` does, in
+reverse mode (and forward over reverse, so `jax.hessian`); `CheckpointedAdjoint`
+gives the same derivatives and forward mode too (`jax.jvp`, `jax.jacfwd`).
 
     python examples/optimistix_bilevel.py
 """
@@ -23,7 +23,8 @@ STEPS = 30
 
 
 def make_data(key, n=64, d=24):
-    """A noisy linear classification problem, split in half: train and validation."""
+    """A noisy linear classification problem, split in half: training and
+    validation data."""
     k_w, k_x, k_noise = jax.random.split(key, 3)
     w_true = jax.random.normal(k_w, (d,)) * jnp.array(
         [3.0, 2.0] + [0.0] * (d - 2)
@@ -40,8 +41,9 @@ def logistic_loss(w, x, labels):
 
 
 def train(log_strengths, train_data, adjoint):
-    """Ten BFGS steps on the penalised training loss (tolerances of zero: the
-    solve always runs to `max_steps`, reported as `nonlinear_max_steps_reached`)."""
+    """`STEPS` steps of gradient descent on the penalised training loss
+    (tolerances of zero: the solve always runs to `max_steps`, and reports
+    `nonlinear_max_steps_reached`)."""
     ridge, smooth_l1 = jnp.exp(log_strengths)
 
     def penalised(w, args):
@@ -84,18 +86,16 @@ def main(outer_steps=6):
     # the same derivatives as optimistix's own unrolled adjoint
     rca = optx.RecursiveCheckpointAdjoint()
     _, g, H = value_grad_hessian(h)
-    print(
-        f"ours - RCA's: gradient {jnp.abs(g - jax.grad(loss)(h, rca)).max():.1e}",
-        end="",
-    )
-    print(f", Hessian {jnp.abs(H - jax.hessian(loss)(h, rca)).max():.1e}")
+    g_rca, H_rca = jax.grad(loss)(h, rca), jax.hessian(loss)(h, rca)
+    print(f"ours - RCA's: gradient {jnp.abs(g - g_rca).max():.1e}", end="")
+    print(f", Hessian {jnp.abs(H - H_rca).max():.1e}")
     # forward mode: how each trained weight moves with the two strengths
     sensitivity = jax.jacfwd(train)(h, train_data, ours)
-    print(f"d(weights)/d(log strengths): shape {sensitivity.shape}", end="")
+    print(f"d(weights)/d(log strengths): shape {sensitivity.shape}")
     try:
         jax.jacfwd(train)(h, train_data, rca)
     except TypeError as error:
-        print(f"; with RCA: {error}")
+        print(f"with RCA: {error}")
 
     losses = []
     for step in range(outer_steps + 1):
@@ -104,8 +104,8 @@ def main(outer_steps=6):
         print(
             f"step {step}  strengths {jnp.exp(h)}  validation loss {value:.4f}"
         )
-        # Newton on the log-strengths, with the Hessian's eigenvalues made positive
-        # (the loss is not convex in them) and steps of at most 1
+        # Newton on the log-strengths, with the Hessian's eigenvalues made
+        # positive (the loss is not convex in them) and steps of at most 1
         eigenvalues, vectors = jnp.linalg.eigh(H)
         newton = vectors @ ((vectors.T @ g) / (jnp.abs(eigenvalues) + 1e-3))
         h = h - newton / jnp.maximum(1.0, jnp.linalg.norm(newton))

@@ -3,7 +3,11 @@
 its `jax.jacrev`, and for second derivatives finite differences of its gradient
 and forward-over-forward through `lax.while_loop` (the same iterations)."""
 
+import contextlib
 import functools
+import io
+import pathlib
+import re
 
 import jax
 import jax.numpy as jnp
@@ -116,7 +120,9 @@ HESSIAN_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(HESSIAN_CASES))
+@pytest.mark.parametrize(
+    "case", [pytest.param("bfgs_8_steps", marks=pytest.mark.slow), "newton"]
+)
 def test_hessian(case, monkeypatch):
     name, solver, max_steps = HESSIAN_CASES[case]
     monkeypatch.setitem(CASES, name, (CASES[name][0], solver, max_steps))
@@ -124,6 +130,9 @@ def test_hessian(case, monkeypatch):
     ours = jax.hessian(functools.partial(loss, OURS))(A)
     exact = jax.jacfwd(jax.jacfwd(functools.partial(loss, lax_unrolled_adjoint())))(A)
     assert tree_allclose(ours, exact, rtol=1e-3, atol=1e-4)
+    # `RecursiveCheckpointAdjoint` does forward over reverse too (not forward alone)
+    theirs = jax.hessian(functools.partial(loss, RCA))(A)
+    assert tree_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
     # central differences of `RecursiveCheckpointAdjoint`'s gradient
     eps = 1e-2
     grad = jax.jit(jax.grad(functools.partial(loss, RCA)))
@@ -131,9 +140,16 @@ def test_hessian(case, monkeypatch):
     assert tree_allclose(ours, jnp.stack(columns, axis=1), rtol=3e-2, atol=3e-2)
 
 
-@pytest.mark.parametrize("checkpoints", [1, 3, None])
-@pytest.mark.parametrize("max_steps", [5, 12])
-def test_max_steps_reached(checkpoints, max_steps):
+# (max_steps, checkpoints): one checkpoint, more checkpoints than steps, the default;
+# the rest of the grid is slow
+MAX_STEPS_CASES = [(5, 1), (5, 8), (12, None)] + [
+    pytest.param(*case, marks=pytest.mark.slow)
+    for case in [(5, None), (12, 1), (12, 3)]
+]
+
+
+@pytest.mark.parametrize("max_steps, checkpoints", MAX_STEPS_CASES)
+def test_max_steps_reached(max_steps, checkpoints):
     # BFGS needs about 20 steps here: the solve stops at `max_steps` (result
     # `nonlinear_max_steps_reached`), and the gradient is that of its first steps
     ours = CheckpointedAdjoint(checkpoints=checkpoints)
@@ -164,7 +180,10 @@ def test_throw():
             jax.block_until_ready(_grad("bfgs", adjoint, max_steps=5, throw=True)(A))
 
 
-@pytest.mark.parametrize("name", ["bfgs", "gauss_newton", "fixed_point"])
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param("bfgs", marks=pytest.mark.slow), "gauss_newton", "fixed_point"],
+)
 @pytest.mark.parametrize("batched", ["args", "y0", "both"])
 def test_vmap(name, batched):
     # against the same transforms of `RecursiveCheckpointAdjoint`: batched linear
@@ -245,3 +264,15 @@ def test_default_checkpoints_are_recursive_checkpoint_adjoints(monkeypatch):
         )
     # 7: the fewest c with (c + 1)(c + 2) / 2 > 32, equinox's default
     assert given == [7, 3, None]
+
+
+def test_guide_example_prints_what_it_says():
+    guide = pathlib.Path(__file__).parent.parent / "docs" / "guides" / "optimistix.md"
+    code = re.search(r"```python\n(.*?)```", guide.read_text(), re.S).group(1)
+    said = re.search(r"# prints\n# (.*)\n", code.replace("; prints", "\n# prints"))
+    expected = [float(x) for x in re.findall(r"-?\d+\.\d+", said.group(1))]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(code, str(guide), "exec"), {})
+    got = [float(x) for x in re.findall(r"-?\d+\.\d+", printed.getvalue())]
+    assert tree_allclose(jnp.array(got), jnp.array(expected), rtol=1e-5)
