@@ -24,12 +24,11 @@ the others within this run.
 import argparse
 import random
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import optimistix as optx
-from _common import interleaved_medians, write_results
+from _common import compile_time, interleaved_medians, write_results
 
 from boundedloop.optimistix import CheckpointedAdjoint
 
@@ -99,12 +98,6 @@ def steps_taken(problem, a):
     return int(sol.stats["num_steps"]), int(sol.result._value)
 
 
-def compile_seconds(fn, a):
-    t0 = time.perf_counter()
-    jax.jit(fn).lower(a).compile()
-    return time.perf_counter() - t0
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=100)
@@ -136,7 +129,7 @@ def main():
             rng.shuffle(order)
             for k in order:
                 fn = jax.grad(make_loss(problem, k))
-                samples[k].append(compile_seconds(fn, a))
+                samples[k].append(compile_time(fn, a)[0])
         compile_s = {k: statistics.median(v) for k, v in samples.items()}
         row = dict(
             steps=steps,
