@@ -150,6 +150,11 @@ def main():
     parser.add_argument("--out", default=None)
     parser.add_argument("--per-file", action="store_true")
     parser.add_argument(
+        "--select",
+        metavar="TEXT",
+        help="only the tests whose ids contain TEXT (as `-k`, without its grammar)",
+    )
+    parser.add_argument(
         "--recheck",
         metavar="KEY=VALUE",
         help="rerun the tests that pass with the client's adjoint and fail with ours "
@@ -173,6 +178,8 @@ def main():
     results = []
     for test_file in args.files:
         test_ids = collect(args.source, folder, test_file)
+        if args.select:
+            test_ids = [t for t in test_ids if args.select in t]
         columns = {}
         if all(t in earlier for t in test_ids):
             columns = {
