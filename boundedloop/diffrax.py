@@ -23,6 +23,7 @@ import jax.tree_util as jtu
 from diffrax._solver import runge_kutta as _runge_kutta
 
 from ._equinox_signature import equinox_default_checkpoints, equinox_style_while_loop
+from ._errors import check_checkpoints
 
 
 __all__ = ["CheckpointedAdjoint"]
@@ -110,6 +111,13 @@ class CheckpointedAdjoint(diffrax.AbstractAdjoint):
     """
 
     checkpoints: int | None = None
+
+    def __check_init__(self):
+        # a bad count is reported where it is given, not at the solve
+        if self.checkpoints is not None:
+            check_checkpoints(
+                self.checkpoints, None, "boundedloop.diffrax.CheckpointedAdjoint"
+            )
 
     def loop(
         self,

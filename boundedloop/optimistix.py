@@ -18,6 +18,7 @@ Differentiates through the solver's iterations, as
 import optimistix as optx
 
 from ._equinox_signature import equinox_default_checkpoints, equinox_style_while_loop
+from ._errors import check_checkpoints
 
 
 __all__ = ["CheckpointedAdjoint"]
@@ -42,6 +43,13 @@ class CheckpointedAdjoint(optx.AbstractAdjoint):
     """
 
     checkpoints: int | None = None
+
+    def __check_init__(self):
+        # a bad count is reported where it is given, not at the solve
+        if self.checkpoints is not None:
+            check_checkpoints(
+                self.checkpoints, None, "boundedloop.optimistix.CheckpointedAdjoint"
+            )
 
     def apply(self, primal_fn, rewrite_fn, inputs, tags):
         """optimistix's hook: run the solve (`primal_fn`) with our loop.

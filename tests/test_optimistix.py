@@ -276,3 +276,11 @@ def test_guide_example_prints_what_it_says():
         exec(compile(code, str(guide), "exec"), {})
     got = [float(x) for x in re.findall(r"-?\d+\.\d+", printed.getvalue())]
     assert tree_allclose(jnp.array(got), jnp.array(expected), rtol=1e-5)
+
+
+@pytest.mark.parametrize("adjoint", [CheckpointedAdjoint, DiffraxAdjoint])
+def test_bad_checkpoints_are_refused_where_given(adjoint):
+    with pytest.raises(ValueError, match="checkpoints >= 1"):
+        adjoint(checkpoints=0)
+    with pytest.raises(TypeError, match="positive int or None"):
+        adjoint(checkpoints=2.5)
