@@ -1,7 +1,8 @@
-"""`boundedloop.optimistix.CheckpointedAdjoint` against optimistix's own adjoints:
-`RecursiveCheckpointAdjoint` for reverse mode; for forward mode (which it cannot do)
-its `jax.jacrev`, and for second derivatives finite differences of its gradient
-and forward-over-forward through `lax.while_loop` (the same iterations)."""
+"""`boundedloop.optimistix.CheckpointedAdjoint` against optimistix's own unrolled
+adjoint, `RecursiveCheckpointAdjoint`: its gradients for reverse mode, its
+`jax.jacrev` for forward mode (which it cannot do), and for second derivatives its
+`jax.hessian` (forward over reverse), finite differences of its gradient and
+forward-over-forward through the same iterations on `lax.while_loop`."""
 
 import contextlib
 import functools
