@@ -198,7 +198,10 @@ def main():
                 }
         for test_id in test_ids:
             row = dict(test=test_id, **{k: v[test_id] for k, v in columns.items()})
-            if args.recheck and row["ours"]["outcome"] != row["default"]["outcome"]:
+            differs = row["ours"]["outcome"] != row["default"]["outcome"]
+            if "recheck" in earlier.get(test_id, {}) and test_id in earlier:
+                row["recheck"] = earlier[test_id]["recheck"]
+            elif args.recheck and differs:
                 key, value = args.recheck.split("=", 1)
                 command = pytest_command(args.client, True, args.typechecks)
                 row["recheck"] = run_one(
