@@ -199,7 +199,7 @@ def main():
         for test_id in test_ids:
             row = dict(test=test_id, **{k: v[test_id] for k, v in columns.items()})
             differs = row["ours"]["outcome"] != row["default"]["outcome"]
-            if "recheck" in earlier.get(test_id, {}) and test_id in earlier:
+            if "recheck" in earlier.get(test_id, {}):
                 row["recheck"] = earlier[test_id]["recheck"]
             elif args.recheck and differs:
                 key, value = args.recheck.split("=", 1)
