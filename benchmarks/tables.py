@@ -584,10 +584,22 @@ def diffrax_summary_table() -> str:
     )
 
 
+def _suite_outcome(cell: dict) -> str:
+    """A test's outcome, or where its file's process crashed, its outcome alone."""
+    return cell.get("alone", cell["outcome"])
+
+
+def _suite_said(cell: dict) -> str:
+    if "alone" in cell:
+        return f"{cell['outcome']} in its file's process but {cell['alone']} alone"
+    return cell["outcome"]
+
+
 def client_suite_table(name: str, theirs: str, listed: int = 12) -> str:
     """A client's own test files with each adjoint (`tests/client_suites/run.py`):
-    how many of each file's tests passed, and the tests whose outcomes differ or that
-    pass with neither, grouped by test function where more than `listed` do.
+    how many of each file's tests passed (alone, where a file's process crashed),
+    and every test that did not pass with both, grouped by test function where more
+    than `listed` did not.
 
     **Arguments:**
 
@@ -604,7 +616,7 @@ def client_suite_table(name: str, theirs: str, listed: int = 12) -> str:
                 f"`{f.rsplit('/', 1)[-1]}`",
                 len(mine),
                 *(
-                    sum(r[who]["outcome"] == "passed" for r in mine)
+                    sum(_suite_outcome(r[who]) == "passed" for r in mine)
                     for who in ("default", "ours")
                 ),
             ]
@@ -615,21 +627,21 @@ def client_suite_table(name: str, theirs: str, listed: int = 12) -> str:
         ["---", "---:", "---:", "---:"],
     )
     both_skipped = [
-        r for r in rows if r["default"]["outcome"] == r["ours"]["outcome"] == "skipped"
+        r
+        for r in rows
+        if _suite_outcome(r["default"]) == _suite_outcome(r["ours"]) == "skipped"
     ]
     different = [
         r
         for r in rows
         if r not in both_skipped
-        and (
-            "passed" not in (r["default"]["outcome"], r["ours"]["outcome"])
-            or r["default"]["outcome"] != r["ours"]["outcome"]
-        )
+        and (r["default"]["outcome"] != "passed" or r["ours"]["outcome"] != "passed")
     ]
 
     def outcomes(r):
         said = (
-            f"{r['default']['outcome']} with {theirs}, {r['ours']['outcome']} with ours"
+            f"{_suite_said(r['default'])} with {theirs}, "
+            f"{_suite_said(r['ours'])} with ours"
         )
         if "recheck" in r:
             said += f", {r['recheck']['outcome']} unrolled on `lax.while_loop`"

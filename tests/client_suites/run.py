@@ -13,7 +13,8 @@ diffrax's tests crash XLA's compiler or run out of memory with its default adjoi
 crash or a timeout is recorded as such. `--per-file` runs each file in one process
 (optimistix has 811 tests) and reads the outcomes as pytest prints them; a crash or
 a timeout is recorded for the test that was running, and a new process runs the
-rest (`--timeout` is then per process). Not part
+rest (`--timeout` is then per process). A test whose file's process crashed is then
+run once in a process of its own (its `alone` outcome). Not part
 of `python -m pytest`: it takes tens of minutes.
 """
 
@@ -141,6 +142,11 @@ def run_file(source, test_ids, command, timeout) -> dict[str, dict]:
     return outcomes
 
 
+def _outcome(cell: dict) -> str:
+    """A test's outcome, or where its long process crashed, its outcome alone."""
+    return cell.get("alone", cell["outcome"])
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("client", choices=sorted(TEST_FOLDER))
@@ -198,7 +204,15 @@ def main():
                 }
         for test_id in test_ids:
             row = dict(test=test_id, **{k: v[test_id] for k, v in columns.items()})
-            differs = row["ours"]["outcome"] != row["default"]["outcome"]
+            for label, ours in [("default", False), ("ours", True)]:
+                cell = row[label]
+                if args.per_file and cell["outcome"].startswith("crashed"):
+                    if "alone" not in cell:
+                        # a crash in a long process: the same test in a process alone
+                        command = pytest_command(args.client, ours, args.typechecks)
+                        alone = run_one(args.source, test_id, command, args.timeout)
+                        cell["alone"] = alone["outcome"]
+            differs = _outcome(row["ours"]) != _outcome(row["default"])
             if "recheck" in earlier.get(test_id, {}):
                 row["recheck"] = earlier[test_id]["recheck"]
             elif args.recheck and differs:
