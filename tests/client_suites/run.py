@@ -206,12 +206,11 @@ def main():
             row = dict(test=test_id, **{k: v[test_id] for k, v in columns.items()})
             for label, ours in [("default", False), ("ours", True)]:
                 cell = row[label]
-                if args.per_file and cell["outcome"].startswith("crashed"):
-                    if "alone" not in cell:
-                        # a crash in a long process: the same test in a process alone
-                        command = pytest_command(args.client, ours, args.typechecks)
-                        alone = run_one(args.source, test_id, command, args.timeout)
-                        cell["alone"] = alone["outcome"]
+                if cell["outcome"].startswith("crashed") and "alone" not in cell:
+                    # a crash in a long process: the same test in a process alone
+                    command = pytest_command(args.client, ours, args.typechecks)
+                    alone = run_one(args.source, test_id, command, args.timeout)
+                    cell["alone"] = alone["outcome"]
             differs = _outcome(row["ours"]) != _outcome(row["default"])
             if "recheck" in earlier.get(test_id, {}):
                 row["recheck"] = earlier[test_id]["recheck"]
