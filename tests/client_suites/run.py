@@ -206,7 +206,8 @@ def main():
             row = dict(test=test_id, **{k: v[test_id] for k, v in columns.items()})
             for label, ours in [("default", False), ("ours", True)]:
                 cell = row[label]
-                if cell["outcome"].startswith("crashed") and "alone" not in cell:
+                crashed = cell["outcome"].startswith("crashed")
+                if args.per_file and crashed and "alone" not in cell:
                     # a crash in a long process: the same test in a process alone
                     command = pytest_command(args.client, ours, args.typechecks)
                     alone = run_one(args.source, test_id, command, args.timeout)
