@@ -64,9 +64,11 @@ Y0 = {
 A = jnp.array([1.3, 0.9])
 
 
-def _solution(name, adjoint, a, y0=None, *, max_steps="case", throw=False):
-    """The solve of case `name`: its `optx.Solution`."""
-    problem, solver, default_max_steps = CASES[name]
+def _solution(name, adjoint, a, y0=None, *, solver=None, max_steps="case", throw=False):
+    """The solve of case `name` (with another `solver` of its kind if given): its
+    `optx.Solution`."""
+    problem, case_solver, default_max_steps = CASES[name]
+    solver = case_solver if solver is None else solver
     y0 = Y0[problem] if y0 is None else y0
     kw = dict(
         args=a,
@@ -124,10 +126,12 @@ HESSIAN_CASES = {
 @pytest.mark.parametrize(
     "case", [pytest.param("bfgs_8_steps", marks=pytest.mark.slow), "newton"]
 )
-def test_hessian(case, monkeypatch):
+def test_hessian(case):
     name, solver, max_steps = HESSIAN_CASES[case]
-    monkeypatch.setitem(CASES, name, (CASES[name][0], solver, max_steps))
-    loss = functools.partial(_loss, name)
+
+    def loss(adjoint, a):
+        return _loss(name, adjoint, a, solver=solver, max_steps=max_steps)
+
     ours = jax.hessian(functools.partial(loss, OURS))(A)
     exact = jax.jacfwd(jax.jacfwd(functools.partial(loss, lax_unrolled_adjoint())))(A)
     assert tree_allclose(ours, exact, rtol=1e-3, atol=1e-4)

@@ -222,19 +222,17 @@ def main():
                     args.source, test_id, command, args.timeout, {key: value}
                 )
             results.append(row)
-            if args.out:
-                pathlib.Path(args.out).write_text(json.dumps(results, indent=1))
             cells = [
                 row[k]["outcome"] for k in ["default", "ours", "recheck"] if k in row
             ]
             print(f"| {test_id} | {' | '.join(cells)} |", flush=True)
+        if args.out:  # after each file, so that a long run keeps what it has
+            pathlib.Path(args.out).write_text(json.dumps(results, indent=1))
     for label in ["default", "ours"]:
         counts = {}
         for row in results:
             counts[row[label]["outcome"]] = counts.get(row[label]["outcome"], 0) + 1
         print(label, counts)
-    if args.out:
-        pathlib.Path(args.out).write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
