@@ -6,7 +6,10 @@ counter, an empty checkpoint store) but is combined with per-device values in th
 step (a predicate, the carry itself) would change type, which `lax.while_loop`
 rejects. `varying_while_loop` first casts such initial values to vary (`lax.pcast`)
 where the step makes them vary. Outside `shard_map` it is `lax.while_loop`, and the
-other helpers here return their input unchanged.
+other helpers here return their input unchanged. Every loop the library emits is
+built here, so `varying_while_loop` also hides the initial values of the loop's
+counters from XLA (`opaque_counters`): XLA's TPU while-loop simplifier miscompiles
+loops whose counters start at a known constant.
 
 The loop casts everything it carries to vary over every manual axis once, before
 its loops (`vary_everywhere`), so that no cast, and so no collective in its
@@ -16,7 +19,9 @@ once, afterwards (`sum_over_devices`).
 """
 
 import jax
+import jax.numpy as jnp
 import jax.tree_util as jtu
+import numpy as np
 from jax import lax
 
 
@@ -27,9 +32,39 @@ def _varying(x) -> frozenset:
     return frozenset(kind.varying)
 
 
+def opaque_counters(tree):
+    """`tree`, with each integer and boolean array leaf passed through its own
+    `lax.optimization_barrier`, so that XLA cannot see its value.
+
+    XLA's while-loop simplifier (the HLO pass `simplify-while-loops`) reasons from a
+    loop's constant initial values into its body: on a TPU it drops a
+    `select(i > 0, ...)` from a loop whose counter `i` starts at a constant 0, so step
+    0 reads what step -1 would have written (JAX 0.10.2, TPU v5e; see the docs page
+    "Correct on TPU"). A barrier on the initial value makes it opaque to that pass.
+    Only integer and boolean leaves (counters, indices, flags: what the pass reasons
+    from) are hidden; floating leaves are left alone, since the barrier's JVP rule
+    would give their symbolic-zero tangents a value. One barrier per leaf keeps each
+    leaf's type inside `shard_map` (one barrier over several operands would join
+    their varying axes).
+    """
+
+    def hide(x):
+        if isinstance(x, bool | int):  # a Python scalar: as `lax.while_loop` takes it
+            x = jnp.asarray(x)
+        if isinstance(x, jax.Array | np.ndarray | np.generic) and (
+            jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_
+        ):
+            return lax.optimization_barrier(x)
+        return x
+
+    return jtu.tree_map(hide, tree)
+
+
 def varying_while_loop(cond_fun, body_fun, init_val):
-    """As `lax.while_loop`, casting the initial carry to vary over the manual mesh
-    axes its step makes it vary over (only inside `shard_map`)."""
+    """As `lax.while_loop`, with the counters' initial values hidden from XLA
+    (`opaque_counters`), casting the initial carry to vary over the manual mesh axes
+    its step makes it vary over (only inside `shard_map`)."""
+    init_val = opaque_counters(init_val)
     if not jax.sharding.get_abstract_mesh().manual_axes:
         return lax.while_loop(cond_fun, body_fun, init_val)
     leaves, treedef = jtu.tree_flatten(init_val)

@@ -1,5 +1,6 @@
 """Shared references for the tests."""
 
+import functools
 import re
 
 import jax
@@ -36,6 +37,27 @@ def scan_loop(body_fun, init, length: int):
     """`length` steps of `body_fun` as a `lax.scan`: the reference for gradients."""
     final, _ = lax.scan(lambda c, _: (body_fun(c), None), init, length=length)
     return final
+
+
+def on_host(fn):
+    """`fn`, run on the host CPU backend: where a test's reference must be computed.
+
+    XLA on a TPU miscompiles some `lax` loops (see the docs page "Correct on TPU"), so a
+    reference built from `lax.scan` or `lax.while_loop`, or from a client library's
+    loops, is computed on the CPU, whatever the default backend. Array arguments are
+    moved there; on a CPU-only machine this changes nothing."""
+
+    @functools.wraps(fn)
+    def on_cpu(*args, **kwargs):
+        cpu = jax.devices("cpu")[0]
+        args, kwargs = jtu.tree_map(
+            lambda x: jax.device_put(x, cpu) if isinstance(x, jax.Array) else x,
+            (args, kwargs),
+        )
+        with jax.default_device(cpu):
+            return fn(*args, **kwargs)
+
+    return on_cpu
 
 
 def python_while(cond_fun, body_fun, init, max_steps):
