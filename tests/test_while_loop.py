@@ -17,7 +17,14 @@ from boundedloop._schedule import (
     placement_cost,
 )
 
-from .helpers import Counter, python_while, scan_loop, tree_allclose, tree_equal
+from .helpers import (
+    Counter,
+    on_host,
+    python_while,
+    scan_loop,
+    tree_allclose,
+    tree_equal,
+)
 
 
 W = jnp.array([[0.9, -0.4, 0.3], [0.2, 0.8, -0.5], [-0.3, 0.1, 0.7]])
@@ -38,6 +45,16 @@ def init(x, limit):
 
 
 X0 = jnp.array([0.3, -0.2, 0.5])
+
+
+def equal_to_host(got, expected) -> bool:
+    """`got` (ours, on the default backend) against `expected` (a `lax` reference,
+    computed on the host: XLA on a TPU miscompiles some `lax` loops): bit for bit on a
+    CPU backend; elsewhere to float tolerance, since an accelerator's transcendentals
+    round differently from the host's."""
+    if jax.default_backend() == "cpu":
+        return tree_equal(got, expected)
+    return tree_allclose(got, expected)
 
 
 @functools.cache
@@ -69,7 +86,7 @@ def reference_grad(x, w, trips):
 
         return jnp.sum(scan_loop(_body, init(x, 0), trips)[0] ** 2)
 
-    return jax.grad(loss, argnums=(0, 1))(x, w)
+    return on_host(jax.grad(loss, argnums=(0, 1)))(x, w)
 
 
 @pytest.mark.parametrize("max_steps", [0, 1, 5, 8, 13, 40])
@@ -77,8 +94,12 @@ def reference_grad(x, w, trips):
 def test_forward_matches_lax(max_steps, limit):
     out = bl.while_loop(cond, body, init(X0, limit), max_steps=max_steps)
     trips = min(limit, max_steps)
-    expected = lax.while_loop(lambda c: (c[1] < trips) & cond(c), body, init(X0, limit))
-    assert tree_equal(out, expected)
+    expected = on_host(
+        lambda: lax.while_loop(
+            lambda c: (c[1] < trips) & cond(c), body, init(X0, limit)
+        )
+    )()
+    assert equal_to_host(out, expected)
     assert int(out[1]) == trips
     expected_py, steps = python_while(cond, body, init(X0, limit), max_steps)
     assert steps == trips
@@ -87,8 +108,8 @@ def test_forward_matches_lax(max_steps, limit):
 
 def test_forward_matches_lax_under_jit():
     f = jax.jit(lambda x: bl.while_loop(cond, body, init(x, 7), max_steps=100))
-    expected = lax.while_loop(cond, body, init(X0, 7))
-    assert tree_equal(f(X0), expected)
+    expected = on_host(lambda: lax.while_loop(cond, body, init(X0, 7)))()
+    assert equal_to_host(f(X0), expected)
 
 
 @pytest.mark.parametrize("checkpoints", [1, 2, 3, 8, None])
@@ -185,7 +206,8 @@ def test_vmap_forward_matches_lax():
     def theirs(x, limit):
         return lax.while_loop(lambda c: (c[1] < 8) & cond(c), body, init(x, limit))
 
-    assert tree_equal(jax.vmap(ours)(xs, limits), jax.vmap(theirs)(xs, limits))
+    expected = on_host(jax.vmap(theirs))(xs, limits)
+    assert equal_to_host(jax.vmap(ours)(xs, limits), expected)
 
 
 def test_vmap_schedule_is_not_batched():
@@ -231,7 +253,7 @@ def test_gradient_wrt_closed_over_and_python_float():
 
     for scale in [1.2, jnp.array(1.2)]:
         got = jax.grad(loss, argnums=(0, 1))(scale, X0)
-        assert tree_allclose(got, jax.grad(ref, argnums=(0, 1))(scale, X0))
+        assert tree_allclose(got, on_host(jax.grad(ref, argnums=(0, 1)))(scale, X0))
 
 
 def test_integer_bool_none_and_static_leaves():
@@ -275,7 +297,7 @@ def test_steps_past_the_end_do_not_poison_gradients():
     xs, ns = jnp.array([3.0, 4.0, 5.0]), jnp.array([2, 2, 2])
     got = jax.vmap(jax.grad(loss))(xs, ns)
     assert np.all(np.isfinite(got))
-    assert tree_allclose(got, jax.vmap(ref)(xs))
+    assert tree_allclose(got, on_host(jax.vmap(ref))(xs))
     ns = jnp.array([1, 3, 2])
     got = jax.vmap(jax.grad(loss))(xs, ns)
     assert np.all(np.isfinite(got))
@@ -288,9 +310,9 @@ def test_value_and_grad_and_jacrev():
     def g(x):
         return scan_loop(body, init(x, 5), 5)[0]
 
-    assert tree_allclose(jax.jacrev(f)(X0), jax.jacrev(g)(X0))
+    assert tree_allclose(jax.jacrev(f)(X0), on_host(jax.jacrev(g))(X0))
     v1, g1 = jax.value_and_grad(lambda x: jnp.sum(f(x)))(X0)
-    v2, g2 = jax.value_and_grad(lambda x: jnp.sum(g(x)))(X0)
+    v2, g2 = on_host(jax.value_and_grad(lambda x: jnp.sum(g(x))))(X0)
     assert tree_allclose((v1, g1), (v2, g2))
 
 
@@ -327,7 +349,8 @@ def test_unbounded_gradient_stores_where_the_rule_says():
             optimum = 2 * n + placement_cost(offline_placement(n, slots), n, slots)
             assert counter.count <= 1.06 * optimum
             counter.reset()
-            assert tree_allclose(g, jax.grad(reference)(x, n), rtol=1e-5, atol=1e-6)
+            expected = on_host(jax.grad(reference))(x, n)
+            assert tree_allclose(g, expected, rtol=1e-5, atol=1e-6)
 
 
 def _solver_like_step(carry):
@@ -395,7 +418,9 @@ def test_gradient_through_a_carry_of_many_scalars(checkpoints):
         )
 
     args = (X0, jnp.float32(0.1), jnp.float32(1.2))
-    expected = jax.grad(loss(lambda c: scan_loop(_solver_like_step, c, 6)), (0, 1, 2))
+    expected = on_host(
+        jax.grad(loss(lambda c: scan_loop(_solver_like_step, c, 6)), (0, 1, 2))
+    )
     got = jax.jit(jax.grad(loss(ours), (0, 1, 2)))
     assert tree_allclose(got(*args), expected(*args))
     ys = jnp.stack([X0, -X0, 2 * X0])
@@ -458,10 +483,12 @@ def test_typed_prng_keys_in_the_carry(buffers):
             buffers=buffers,
         )
 
-    expected = lax.while_loop(_keyed_cond, _keyed_step, _keyed_carry(X0, key))
+    expected = on_host(
+        lambda key: lax.while_loop(_keyed_cond, _keyed_step, _keyed_carry(X0, key))
+    )(key)
     out = ours(_keyed_carry(X0, key))
     assert out[0].dtype == key.dtype and out[1].dtype == key.dtype
-    assert tree_equal(_key_data(out), _key_data(expected))
+    assert equal_to_host(_key_data(out), _key_data(expected))
 
     keys = jax.random.split(jax.random.key(1), 3)
     xs, limits = jnp.stack([X0, -X0, 2 * X0]), jnp.array([3, 10, 7])
@@ -469,7 +496,8 @@ def test_typed_prng_keys_in_the_carry(buffers):
     theirs = lambda x, k, n: lax.while_loop(  # noqa: E731
         _keyed_cond, _keyed_step, _keyed_carry(x, k, n)
     )
-    assert tree_equal(_key_data(got), _key_data(jax.vmap(theirs)(xs, keys, limits)))
+    expected = on_host(jax.vmap(theirs))(xs, keys, limits)
+    assert equal_to_host(_key_data(got), _key_data(expected))
 
     def loss(run):
         def f(x, s, key):
@@ -478,7 +506,7 @@ def test_typed_prng_keys_in_the_carry(buffers):
 
         return jax.grad(f, (0, 1))
 
-    reference = loss(lambda c: scan_loop(_keyed_step, c, 10))
+    reference = on_host(loss(lambda c: scan_loop(_keyed_step, c, 10)))
     s = jnp.float32(0.5)
     for checkpoints in [1, 3]:
         got = jax.jit(loss(functools.partial(ours, checkpoints=checkpoints)))
