@@ -15,7 +15,10 @@ import jax.tree_util as jtu
 import numpy as np
 
 from ._buffers import lend_buffers, return_buffers
-from ._checks import buffer_checks
+from ._checks import buffer_checks, tracing_a_loop
+from ._closure import closure_convert
+from ._dtypes import is_weak, promote_weak_inputs, strong, weak
+from ._trace import is_carried, is_carried_shape
 from ._while_loop import run_loop
 
 
@@ -93,21 +96,22 @@ def scan(
     n = _length(xs, length, name)
     # an outer loop's buffers in the carry are buffers of this loop too
     init, buffers, lent = lend_buffers(init, buffers)
-    x_shape = jtu.tree_map(
-        lambda x: jax.ShapeDtypeStruct(np.shape(x)[1:], jnp.result_type(x)), xs
-    )
-    _, y_shape = eqx.filter_eval_shape(f, init, x_shape)
-    if any(not isinstance(y, jax.ShapeDtypeStruct) for y in jtu.tree_leaves(y_shape)):
-        raise TypeError(f"`{name}`: every leaf `f` returns as `y` must be an array.")
-    ys0 = jtu.tree_map(lambda y: jnp.zeros((n,) + y.shape, y.dtype), y_shape)
     xs_arrays = jtu.tree_map(jnp.asarray, xs)
-    if n == 0:
-        return return_buffers(init, lent), ys0
+    # `f` is the scan's body: what it traces (inner loops, checks) is in a loop, and
+    # reading `xs` (never written inside the loop) skips the write-once checks
+    with tracing_a_loop(), buffer_checks(False):
+        init, step, carry_out, y_shapes = _trace_step(
+            f, init, xs_arrays, buffers, n, name
+        )
+    ys0 = jtu.tree_map(lambda y: jnp.zeros((n,) + y.shape, y.dtype), y_shapes)
+    if n == 0:  # no step is taken, nor traced again
+        return return_buffers(_typed_as(init, carry_out), lent), _weak_as(ys0, y_shapes)
 
     def body(carry):
         c, xs_rows, ys_rows, i = carry
         x = jtu.tree_map(lambda b: b[i], xs_rows)
-        c, y = f(c, x)
+        c, y = step(c, x)
+        y = jtu.tree_map(_number_as_array, y)
         ys_rows = jtu.tree_map(lambda b, v: b.at[i].set(v), ys_rows, y)
         return c, xs_rows, ys_rows, i + 1
 
@@ -115,7 +119,6 @@ def scan(
         own = () if buffers is None else buffers(carry[0])
         return own, carry[1], carry[2]
 
-    # reading `xs` (never written inside the loop) is fine: skip the write-once checks
     with buffer_checks(False):
         final, _, ys, _ = run_loop(
             lambda carry: carry[3] < n,
@@ -127,7 +130,121 @@ def scan(
             name=name,
             known_length=True,
         )
-    return return_buffers(final, lent), ys
+    return return_buffers(final, lent), _weak_as(ys, y_shapes)
+
+
+def _trace_step(f, init, xs, buffers, n: int, name: str):
+    """Trace `f` on `init` and a row of `xs` as `lax.scan` does: once, and once more
+    if a weakly typed initial value must be promoted to the type `f` returns there.
+
+    Without buffers in the carry, `f` is closure-converted, and the loop replays that
+    trace instead of calling `f` again: `f` is traced exactly as often as by
+    `lax.scan`. With buffers, `f` is called again inside the loop (on `bl.Buffer`s,
+    which this trace cannot stand in for), once more than by `lax.scan`.
+
+    **Returns:**
+
+    `(init, step, carry_shapes, y_shapes)`: the initial carry (Python numbers as
+    weakly typed arrays, promoted where `lax.scan` promotes them), the step the loop
+    calls in place of `f`, and the shapes, dtypes and weak types of the carry `f`
+    returns and of `y`.
+    """
+    replay = buffers is None and n > 0
+    if replay:
+        x = jtu.tree_map(lambda b: b[0], xs)
+    else:
+        x = jtu.tree_map(lambda b: jax.ShapeDtypeStruct(b.shape[1:], b.dtype), xs)
+    dynamic, static = eqx.partition(init, is_carried)
+    dynamic = jtu.tree_map(jnp.asarray, dynamic)  # Python numbers: weakly typed
+    for _ in range(2):
+        carry = eqx.combine(dynamic, static)
+        if replay:
+            step = closure_convert(f, carry, x)
+            out = step.out_shapes()
+        else:
+            step, out = f, eqx.filter_eval_shape(f, carry, x)
+        if not (isinstance(out, tuple | list) and len(out) == 2):
+            raise TypeError(
+                f"`{name}` needs `f` to return a pair `(carry, y)`, got {out!r}."
+            )
+        carry_out = _carried_shapes(out[0])
+        dynamic, changed = _promote_as_lax_scan(dynamic, carry_out)
+        if not changed:
+            break
+    if not replay and carry_out is not None:
+        # where the body makes a weakly typed initial value strong, `bl.while_loop`
+        # would trace the body again with it strong: make it strong now
+        leaves, treedef = jtu.tree_flatten(eqx.filter(carry, is_carried))
+        leaves, _ = promote_weak_inputs(leaves, carry_out)
+        carry = eqx.combine(jtu.tree_unflatten(treedef, leaves), static)
+    y_shapes = jtu.tree_map(lambda y: _y_shape(y, name), out[1])
+    return carry, step, carry_out, y_shapes
+
+
+def _carried_shapes(carry_out):
+    """Per carried leaf of the carry `f` returned, its shape, dtype and weak type
+    (leaves that are neither arrays nor Python numbers are dropped)."""
+    leaves = jtu.tree_leaves(eqx.filter(carry_out, is_carried_shape))
+    return [_y_shape(o, "") for o in leaves]
+
+
+def _promote_as_lax_scan(dynamic, carry_out):
+    """`lax.scan`'s promotion: each weakly typed initial value whose output has
+    another dtype or shape (weak types aside), cast strongly to their common dtype.
+
+    **Returns:**
+
+    `(dynamic, changed)`.
+    """
+    leaves, treedef = jtu.tree_flatten(dynamic)
+    if len(carry_out) != len(leaves):
+        return dynamic, False  # another structure: the loop's carry check names it
+    new, changed = [], False
+    for x, o in zip(leaves, carry_out):
+        if is_weak(x) and (o.shape, o.dtype) != (x.shape, x.dtype):
+            try:
+                x = jax.lax.convert_element_type(x, jnp.result_type(x, o))
+                changed = True
+            except jax.dtypes.TypePromotionError:
+                pass  # the loop's carry check names the leaf
+        new.append(x)
+    return jtu.tree_unflatten(treedef, new), changed
+
+
+def _typed_as(init, carry_out):
+    """The initial carry with the weak types `f` returns, as `lax.scan` returns it
+    from no steps."""
+    dynamic, static = eqx.partition(init, is_carried)
+    leaves, treedef = jtu.tree_flatten(dynamic)
+    if len(leaves) != len(carry_out):
+        return init
+    leaves = [weak(v) if o.weak_type else strong(v) for v, o in zip(leaves, carry_out)]
+    return eqx.combine(jtu.tree_unflatten(treedef, leaves), static)
+
+
+def _weak_as(ys, y_shapes):
+    """`ys`, weakly typed where `lax.scan`'s would be."""
+    return jtu.tree_map(lambda y, s: weak(y) if s.weak_type else y, ys, y_shapes)
+
+
+def _number_as_array(y):
+    """A Python number `f` returns as part of `y`, as the array `lax.scan` makes it."""
+    return jnp.asarray(y) if isinstance(y, bool | int | float | complex) else y
+
+
+def _y_shape(y, name: str) -> jax.ShapeDtypeStruct:
+    """The shape, dtype and weak type of a leaf of `y` (an array, its shape, or a
+    Python number)."""
+    if isinstance(y, jax.ShapeDtypeStruct):
+        return y
+    if isinstance(y, bool | int | float | complex) or eqx.is_array(y):
+        y = jnp.asarray(y)
+        return jax.ShapeDtypeStruct(y.shape, y.dtype, weak_type=is_weak(y))
+    raise TypeError(
+        f"`{name}`: every leaf `f` returns as `y` must be an array or a Python "
+        f"number, as for `lax.scan`; got {y!r}. Return non-array values in the "
+        "carry instead."
+    )
 
 
 def fori_loop(

@@ -1,5 +1,6 @@
 """`bl.scan` and `bl.fori_loop` against `lax.scan` / `lax.fori_loop`."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import pytest
@@ -85,3 +86,79 @@ def test_scan_body_evaluations_are_optimal(n, c):
     assert counter.count == 2 * n + optimal_placement_costs(n, c)[n]
     # and never worse than the online placement of a while loop
     assert counter.count <= gradient_body_evaluations(n, c)
+
+
+def _types(tree):
+    """Each leaf's value, dtype and weak type."""
+    return jax.tree.map(
+        lambda a: (a.tolist(), a.dtype, a.weak_type), tree, is_leaf=eqx.is_array
+    )
+
+
+WEAK_CASES = {
+    # a Python-float carry that the body makes float32 (issue 39)
+    "float_init": (lambda c, x: (c + x, c), 0.0),
+    "weak_carry": (lambda c, x: (c + 1.0, c), 0.0),
+    "python_float_y": (lambda c, x: (c + x, 1.0), jnp.float32(0)),
+    "python_int_y": (lambda c, x: (c + x, 2), jnp.float32(0)),
+    # promoted from int to float32, and traced again, as `lax.scan` does
+    "int_init": (lambda c, x: (c + x, c), 0),
+    "none_y": (lambda c, x: (c + x, None), jnp.float32(0)),
+}
+
+
+@pytest.mark.parametrize("length", [3, 0])
+@pytest.mark.parametrize("case", WEAK_CASES)
+def test_python_numbers_match_lax_scan(case, length):
+    """Results, dtypes and weak types as `lax.scan` gives them, and `f` traced as
+    often as `lax.scan` traces it (once, and twice where a weakly typed initial
+    value is promoted)."""
+    fn, init = WEAK_CASES[case]
+    xs = jnp.arange(float(length))
+    calls = []
+
+    def counted(c, x):
+        calls.append(None)
+        return fn(c, x)
+
+    results = {}
+    for name, scan in [("lax", lax.scan), ("bl", bl.scan)]:
+        calls.clear()
+        results[name] = jax.jit(lambda xs: scan(counted, init, xs))(xs)
+        results[name + "_traces"] = len(calls)
+    assert _types(results["bl"]) == _types(results["lax"])
+    assert results["bl_traces"] == results["lax_traces"]
+
+
+def test_f_is_traced_once():
+    """Under `jit` (and `grad`), `f` is traced once, as by `lax.scan`; with
+    `buffers` in the carry twice (once for the shape of `y`)."""
+    calls = []
+
+    def g(c, x):
+        calls.append(None)
+        return jnp.sin(c) + x, c * 2.0
+
+    def loss(h, scan):
+        c, ys = scan(g, h, XS[:, 0])
+        return c + jnp.sum(ys)
+
+    jax.jit(jax.grad(loss), static_argnums=1).lower(0.5, bl.scan)
+    assert len(calls) == 1
+    calls.clear()
+    jax.jit(
+        lambda b: bl.scan(
+            lambda c, x: ((g(c[0], x)[0], c[1].at[0].set(x)), c[0]),
+            (0.5, b),
+            XS[:1, 0],
+            buffers=lambda c: c[1],
+        )
+    ).lower(jnp.zeros(2))
+    assert len(calls) == 2
+
+
+def test_y_must_be_arrays():
+    with pytest.raises(TypeError, match="`y`"):
+        bl.scan(lambda c, x: (c, "text"), 0.0, XS)
+    with pytest.raises(TypeError, match="pair"):
+        bl.scan(lambda c, x: c, 0.0, XS)
