@@ -14,6 +14,7 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Bool
 
+from ._closure import hoist_arrays
 from ._while_loop import while_loop
 
 
@@ -119,9 +120,11 @@ class Loop(LoopModule):
     """A `LoopModule` made of plain callables.
 
     `cond_fun` and `body_fun` may be functions, closures, bound methods of Equinox
-    modules or `jax.tree_util.Partial` objects. Arrays inside a `Partial` (or a
-    module) are leaves of the `Loop`, so they are traced and differentiated; plain
-    functions and closures are static.
+    modules, `functools.partial` or `jax.tree_util.Partial` objects. The arrays they
+    hold are leaves of the `Loop`, so `bl.filter_jit` traces them and
+    `bl.filter_grad` differentiates them: arrays inside a `Partial` or a module, and
+    arrays a closure captures (in its closure cells or default arguments, also
+    through the functions it calls from its closure). Everything else is static.
 
     **Arguments:**
 
@@ -130,11 +133,15 @@ class Loop(LoopModule):
     - `buffers`: optional, `carry -> node or sequence of nodes`; see
         `bl.while_loop`.
 
+    A closure's captured arrays are taken when the `Loop` is made: build a new
+    `Loop` (cheap; `bl.filter_jit` reuses the compiled program) to run with other
+    values. A subclass may override `cond`, `body` or `buffers`; `run` calls them.
+
     !!! warning
 
-        Arrays a plain closure captures are constants to `bl.filter_jit` and get no
-        gradient from `bl.filter_grad(loop)`; pass them through a `Partial` or a
-        module field instead.
+        Arrays reached only through a module's global variables, or through the
+        attributes of an object that is not a pytree, are constants: they get no
+        gradient. Pass them in a closure, a `Partial` or a module field instead.
     """
 
     cond_fun: Callable
@@ -155,9 +162,10 @@ class Loop(LoopModule):
             raise TypeError(
                 f"`bl.Loop` needs `buffers` to be callable, got {buffers!r}."
             )
-        self.cond_fun = cond_fun
-        self.body_fun = body_fun
-        self.buffers_fun = buffers
+        # captured arrays become leaves, so they are traced and differentiated
+        self.cond_fun = hoist_arrays(cond_fun)
+        self.body_fun = hoist_arrays(body_fun)
+        self.buffers_fun = None if buffers is None else hoist_arrays(buffers)
 
     def cond(self, carry):
         return self.cond_fun(carry)
@@ -167,13 +175,3 @@ class Loop(LoopModule):
 
     def buffers(self, carry):
         return None if self.buffers_fun is None else self.buffers_fun(carry)
-
-    def run(self, init, *, max_steps, checkpoints=None):
-        return while_loop(
-            self.cond_fun,
-            self.body_fun,
-            init,
-            max_steps=max_steps,
-            checkpoints=checkpoints,
-            buffers=self.buffers_fun,
-        )

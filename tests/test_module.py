@@ -1,5 +1,7 @@
 """`LoopModule`, `Loop` and the filtered transforms."""
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -176,3 +178,102 @@ def test_loop_buffers_method_calls_buffers():
 def test_loop_rejects_non_callables():
     with pytest.raises(TypeError, match="callable"):
         bl.Loop(lambda c: True, 3)
+
+
+class TwoStepsPerStep(bl.Loop):
+    """A `Loop` whose subclass overrides `body`."""
+
+    def body(self, carry):
+        return self.body_fun(self.body_fun(carry))
+
+
+def test_loop_subclass_overrides_are_run():
+    """`Loop.run` is `LoopModule.run`: it runs the subclass's `body` (issue 39)."""
+    loop = TwoStepsPerStep(lambda c: c[1] < 2, lambda c: (c[0] * 2.0, c[1] + 1))
+    # one step of the overridden body doubles twice
+    out = loop.run((jnp.array(2.0), 0), max_steps=1)
+    assert float(out[0]) == 8.0 and int(out[1]) == 2
+    assert bl.Loop.run is bl.LoopModule.run
+
+
+def closure_loop(w, b, limit=3):
+    """A `Loop` of closures over arrays, as a user writes one: `w` in a nested helper,
+    `b` in a default argument, `limit` a static int."""
+
+    def scale(x):
+        return jnp.sin(x * w)
+
+    def body(carry, b=b):
+        x, i = carry
+        return scale(x) + b, i + 1
+
+    return bl.Loop(lambda c: c[1] < limit, body)
+
+
+W_CLOSED, B_CLOSED = jnp.array([0.9, 1.2]), jnp.array(0.3)
+
+
+@pytest.mark.parametrize("checkpoints", [1, 3])
+def test_arrays_a_closure_captures_get_gradients(checkpoints):
+    """Arrays captured by the functions given to `bl.Loop` are leaves of the loop:
+    `bl.filter_grad` differentiates them (issue 39: they silently got none)."""
+
+    @bl.filter_jit
+    @bl.filter_grad
+    def grad(loop, x):
+        return jnp.sum(loop.run((x, 0), max_steps=8, checkpoints=checkpoints)[0] ** 2)
+
+    g = grad(closure_loop(W_CLOSED, B_CLOSED), X)
+
+    def reference_loss(w, b):
+        body = closure_loop(w, b).body_fun
+        return jnp.sum(scan_loop(body, (X, 0), 3)[0] ** 2)
+
+    expected = jax.grad(reference_loss, argnums=(0, 1))(W_CLOSED, B_CLOSED)
+    leaves = jtu.tree_leaves(g)
+    assert len(leaves) == 2
+    assert tree_allclose(tuple(leaves), expected)
+
+
+def test_closure_arrays_are_traced_not_baked_in():
+    """A loop rebuilt around new arrays reuses the compiled program; a static value
+    in the closure is part of the cache key; a mutable value a closure captures
+    without arrays is shared, not copied."""
+    calls = []
+
+    @bl.filter_jit
+    @eqx.debug.assert_max_traces(max_traces=2)
+    def run(loop, x):
+        calls.append(None)
+        return loop.run((x, 0), max_steps=8)[0]
+
+    for w in [W_CLOSED, -W_CLOSED]:
+        expected = scan_loop(closure_loop(w, B_CLOSED).body_fun, (X, 0), 3)[0]
+        assert tree_allclose(run(closure_loop(w, B_CLOSED), X), expected)
+    expected = scan_loop(closure_loop(W_CLOSED, B_CLOSED).body_fun, (X, 0), 5)[0]
+    assert tree_allclose(run(closure_loop(W_CLOSED, B_CLOSED, limit=5), X), expected)
+    assert len(calls) == 2
+    seen = []
+    loop = bl.Loop(lambda c: c[1] < 1, lambda c: (seen.append(1), c)[1])
+    loop.run((X, 0), max_steps=2)
+    assert seen
+
+
+def test_partials_and_recursive_closures():
+    """A `functools.partial` over arrays is differentiated too; a recursive closure
+    over arrays, whose inner calls could not be, is an error naming it."""
+
+    def body(w, carry):
+        return carry[0] * w, carry[1] + 1
+
+    loop = bl.Loop(lambda c: c[1] < 2, functools.partial(body, jnp.array(2.0)))
+    g = bl.filter_grad(lambda lp, x: jnp.sum(lp.run((x, 0), max_steps=4)[0]))(loop, X)
+    assert tree_allclose(jtu.tree_leaves(g)[0], 2 * 2.0 * jnp.sum(X))
+
+    w = jnp.array(1.1)
+
+    def power(x, k):
+        return x if k == 0 else power(x * w, k - 1)
+
+    with pytest.raises(TypeError, match="power"):
+        bl.Loop(lambda c: c[1] < 2, lambda c: (power(c[0], 2), c[1] + 1))
