@@ -30,6 +30,8 @@ reported again at exit), until the next program with a callback runs on them.
 
 import contextlib
 import functools
+import logging
+import re
 import threading
 
 import equinox as eqx
@@ -151,12 +153,62 @@ def max_steps_check(enabled: bool = True):
     The setting is part of JAX's trace and jit cache keys: a jitted function called
     inside the block is traced (and compiled) again with the check on.
 
+    An error that reaches the end of the block is re-raised with this message first,
+    under `jax.jit` as under `bl.filter_jit` (the same exception type; the original,
+    whose message XLA buries in a traceback under `jax.jit`, is its `__context__`).
+    A function compiled inside the block and run outside it raises the error as JAX
+    or Equinox report it; prefer `bl.filter_jit` there.
+
     **Arguments:**
 
     - `enabled`: whether to check.
     """
-    with _max_steps_checks(bool(enabled)):
-        yield
+    callback_log = logging.getLogger("jax._src.callback")
+    unlogged = _Unlogged(_MAX_STEPS_MESSAGE)
+    callback_log.addFilter(unlogged)
+    try:
+        with _max_steps_checks(bool(enabled)):
+            yield
+    except RuntimeError as error:
+        reworded = _reworded(error, _MAX_STEPS_MESSAGE)
+        if reworded is None:
+            raise
+        raise reworded from None
+    finally:
+        callback_log.removeFilter(unlogged)
+
+
+class _Unlogged(logging.Filter):
+    """Drops JAX's log of a callback that raised a message matching `pattern` (the
+    error itself is raised, with the message first): under `jax.jit` that log is
+    printed before the error, with Equinox's note to use `filter_jit`."""
+
+    def __init__(self, pattern: "re.Pattern"):
+        super().__init__()
+        self.pattern = pattern
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return error is None or self.pattern.search(str(error)) is None
+
+
+def _reworded(error: RuntimeError, pattern: "re.Pattern") -> RuntimeError | None:
+    """`error` of the same type, with the message matching `pattern` first, or `None`
+    if `error` has no such message or already starts with it.
+
+    A check's runtime error reaches the user wrapped: under `jax.jit` in XLA's
+    `INTERNAL: CpuCallback error calling callback: Traceback ...` followed by a note
+    to use `equinox.filter_jit`; under `filter_jit` after Equinox's stack of our
+    lowering."""
+    text = str(error)
+    found = pattern.search(text)
+    if found is None or found.start() == 0:
+        return None
+    try:
+        reworded = type(error)(found.group(0))
+    except Exception:  # a type that cannot be made from a message
+        reworded = RuntimeError(found.group(0))
+    return reworded if str(reworded) == found.group(0) else RuntimeError(found.group(0))
 
 
 def max_steps_check_enabled() -> bool:
@@ -185,6 +237,14 @@ def check_stopped(loop, tree, name: str, max_steps: int):
         "stopping early is intended.",
         "bl.max_steps_check",
     )
+
+
+# `check_stopped`'s message, wherever it is embedded
+_MAX_STEPS_MESSAGE = re.compile(
+    r"`[^`\n]+` reached max_steps=\d+ while `cond_fun` was still true, .*?"
+    r"if stopping early is intended\.",
+    re.DOTALL,
+)
 
 
 _BUFFER_CHECKS = "bl.buffer_checks"

@@ -237,3 +237,22 @@ def test_a_second_copy_of_the_package_imports():
     finally:
         for name in [n for n in sys.modules if n.startswith("boundedloop_copy")]:
             del sys.modules[name]
+
+
+@pytest.mark.parametrize("jit", ["jax.jit", "bl.filter_jit", "eager"])
+def test_the_message_comes_first(jit, caplog):
+    """Under plain `jax.jit` the error XLA raises starts `INTERNAL: CpuCallback error
+    calling callback: Traceback ...` and ends with a note to use `filter_jit`
+    (issue 39); raised inside the block, it is reported with our message first."""
+    fn = {"jax.jit": jax.jit, "bl.filter_jit": bl.filter_jit, "eager": lambda f: f}[jit]
+    with pytest.raises(RuntimeError) as info:
+        with bl.max_steps_check():
+            jax.block_until_ready(fn(loop)(X, jnp.array(50)))
+    message = str(info.value)
+    assert message.startswith("`bl.while_loop` " + MESSAGE), message[:200]
+    assert "Raise `max_steps`" in message
+    assert "CpuCallback" not in message and "filter_jit" not in message
+    if jit == "jax.jit":  # the same type as before, for code that catches it
+        assert isinstance(info.value, jax.errors.JaxRuntimeError)
+    # nor is it printed before, by JAX's log of the failed callback
+    assert not [r for r in caplog.records if "callback failed" in r.getMessage()]
