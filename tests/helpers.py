@@ -122,3 +122,74 @@ def copies_in_while_bodies(hlo: str, shape: str, innermost: bool = False) -> lis
         for line in b.splitlines()
         if " copy(" in line and shape in line.split("=")[1][:40]
     ]
+
+
+def counters_known_to_xla(lowered) -> tuple[int, list[str]]:
+    """The `stablehlo.while` loops of a lowered program, and those of their carried
+    integer or boolean operands whose initial value XLA can compute at compile time.
+
+    An operand is known when it is a constant or computed from known values only,
+    through any operation but `optimization_barrier` (a function's argument is known
+    when some call passes a known value: XLA inlines calls). Operands the body passes
+    through unchanged are left out: a loop invariant has one value at every step.
+    XLA's while-loop simplifier reasons from known initial counters, and on a TPU it
+    has miscompiled loops so (see `boundedloop/_shard_map.py`). The StableHLO is what
+    JAX hands XLA, before any backend pass, so the answer is the same on every
+    backend.
+
+    **Returns:**
+
+    `(loops, known)`: the number of while loops, and one line per known operand.
+    """
+    from jax._src.lib.mlir import ir
+
+    calls, loops, known = {}, [], {}
+
+    def walk(op):
+        if op.name == "func.call":
+            callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+            calls.setdefault(callee, []).append(list(op.operands))
+        if op.name == "stablehlo.while":
+            loops.append(op)
+        for region in op.regions:
+            for block in region.blocks:
+                for inner in block.operations:
+                    walk(inner)
+
+    def is_known(value) -> bool:
+        value = value.maybe_downcast()
+        if value in known:
+            return known[value]
+        known[value] = False  # a cycle is not known
+        if isinstance(value, ir.BlockArgument):
+            parent = value.owner.owner
+            result = parent.name == "func.func" and any(
+                is_known(operands[value.arg_number])
+                for operands in calls.get(
+                    ir.StringAttr(parent.attributes["sym_name"]).value, []
+                )
+            )
+        else:
+            op = value.owner
+            opaque = ("optimization_barrier", "custom_call", "rng", "while")
+            result = op.name.split(".")[-1] not in opaque and all(
+                is_known(x) for x in op.operands
+            )
+        known[value] = result
+        return result
+
+    for op in lowered.compiler_ir("stablehlo").body.operations:
+        walk(op.operation)
+    found = []
+    for n, loop in enumerate(loops):
+        block = loop.regions[1].blocks[0]
+        returned = list(block.operations)[-1].operands
+        for k, x in enumerate(loop.operands):
+            element = ir.RankedTensorType(x.type).element_type
+            if returned[k] == block.arguments[k] or not isinstance(
+                element, ir.IntegerType
+            ):
+                continue
+            if is_known(x):
+                found.append(f"loop {n}, operand {k}: {x.type}")
+    return len(loops), found
