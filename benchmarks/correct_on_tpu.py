@@ -77,9 +77,9 @@ def loops() -> dict:
             lambda c, _: (body(c), None), init(x), length=STEPS
         )[0][1],
         "lax.while_loop": lambda x: lax.while_loop(cond, body, init(x))[1],
-        "lax.fori_loop": lambda x: lax.fori_loop(0, STEPS, lambda _, c: body(c), init(x))[
-            1
-        ],
+        "lax.fori_loop": lambda x: lax.fori_loop(
+            0, STEPS, lambda _, c: body(c), init(x)
+        )[1],
     }
     for kind in ("checkpointed", "bounded"):
         out[f"equinox {kind}"] = lambda x, kind=kind: eqxi.while_loop(
@@ -152,7 +152,11 @@ def _programs(batch, width, steps, max_steps, checkpoints):
             return jnp.tanh(x @ w), i + 1
 
         out = bl.while_loop(
-            lambda c: c[1] < n, step, (x, 0), max_steps=max_steps, checkpoints=checkpoints
+            lambda c: c[1] < n,
+            step,
+            (x, 0),
+            max_steps=max_steps,
+            checkpoints=checkpoints,
         )
         return jnp.sum(out[0] ** 2)
 
@@ -182,7 +186,9 @@ def cost(reps: int = 3, rounds: int = 15) -> dict:
             jax.block_until_ready(fn(*args))
         times = interleaved_medians(compiled, {k: args for k in compiled}, rounds)
         results[name] = {
-            "shape": dict(zip(["batch", "width", "steps", "max_steps", "checkpoints"], shape)),
+            "shape": dict(
+                zip(["batch", "width", "steps", "max_steps", "checkpoints"], shape)
+            ),
             "time_s": times,
             "compile_s": {k: statistics.median(v) for k, v in compile_s.items()},
             "temp_bytes": temp,
@@ -229,7 +235,8 @@ def main():
     if args.part in ("cost", "all"):
         payload["cost"] = cost()
     out = pathlib.Path(
-        args.out or pathlib.Path(__file__).parent / "results" / f"correct_on_tpu_{backend}.json"
+        args.out
+        or pathlib.Path(__file__).parent / "results" / f"correct_on_tpu_{backend}.json"
     )
     write_results(out, **payload)
     text = table(payload)

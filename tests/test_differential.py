@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import Phase, given, settings, strategies as st
+from hypothesis import given, Phase, settings, strategies as st
 from jax import lax
 
 import boundedloop as bl
@@ -112,7 +112,10 @@ def test_reads_the_row_written_before(transform, checkpoints, buffers):
 def _shard_mapped(f):
     mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
     spec = jax.sharding.PartitionSpec("data")
-    per_device = lambda x: f(x[0])[None]
+
+    def per_device(x):
+        return f(x[0])[None]
+
     return jax.shard_map(per_device, mesh=mesh, in_specs=spec, out_specs=spec)
 
 
@@ -309,7 +312,11 @@ def _fuzz_loop(program: Program, on_lax: bool):
 def _numpy_run(program: Program, x):
     """The program in NumPy, with Python counters, in `x`'s dtype (complex128)."""
     buf = np.zeros((ROWS, 3), x.dtype)
-    trip = program.steps if program.max_steps is None else min(program.steps, program.max_steps)
+    trip = (
+        program.steps
+        if program.max_steps is None
+        else min(program.steps, program.max_steps)
+    )
     for i in range(trip):
         total = sum(buf[i - r.lag] if i >= r.lag else x for r in program.reads)
         if program.update == "tanh":
