@@ -125,6 +125,12 @@ class Loop(LoopModule):
     `bl.filter_grad` differentiates them: arrays inside a `Partial` or a module, and
     arrays a closure captures (in its closure cells or default arguments, also
     through the functions it calls from its closure). Everything else is static.
+    A closure's captured arrays are taken when the `Loop` is made: build a new
+    `Loop` (cheap; `bl.filter_jit` reuses the compiled program) to run with other
+    values. A recursive closure over arrays is an error (its inner calls could not
+    be differentiated).
+
+    A subclass may override `cond`, `body` or `buffers`; `run` calls them.
 
     **Arguments:**
 
@@ -132,10 +138,6 @@ class Loop(LoopModule):
     - `body_fun`: `carry -> carry`.
     - `buffers`: optional, `carry -> node or sequence of nodes`; see
         `bl.while_loop`.
-
-    A closure's captured arrays are taken when the `Loop` is made: build a new
-    `Loop` (cheap; `bl.filter_jit` reuses the compiled program) to run with other
-    values. A subclass may override `cond`, `body` or `buffers`; `run` calls them.
 
     !!! warning
 
