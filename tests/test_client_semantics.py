@@ -10,7 +10,7 @@ from jax import lax
 
 import boundedloop as bl
 
-from .helpers import python_while, scan_loop, tree_allclose
+from .helpers import on_host, python_while, scan_loop, tree_allclose
 
 
 # (initial carry, body): lax decides dtype and weak type of each result leaf
@@ -57,7 +57,7 @@ def test_weak_types_under_grad_vmap_and_values():
         return bl.while_loop(cond, body, init, max_steps=10, checkpoints=2)
 
     x = jnp.array([1.0, 2.0])
-    got, expected = run(ours, x), run(lax.while_loop, x)
+    got, expected = run(ours, x), on_host(lambda x: run(lax.while_loop, x))(x)
     assert tree_allclose(got, expected)
     assert [jax.typeof(v) for v in got] == [jax.typeof(v) for v in expected]
     # the counter stays weakly typed, so strict promotion accepts this
@@ -88,11 +88,13 @@ def test_no_bound_and_no_checkpoints_just_works(limit):
     loss = lambda f: lambda x: jnp.sum(f(x)[0] ** 2)  # noqa: E731
     ours = loss(lambda x: _unbounded(x, limit))
     ref = loss(lambda x: _reference(x, limit))
-    assert tree_allclose(_unbounded(x, limit), _reference(x, limit))
-    assert tree_allclose(jax.jit(jax.grad(ours))(x), jax.grad(ref)(x))
-    assert tree_allclose(jax.jvp(ours, (x,), (x,)), jax.jvp(ref, (x,), (x,)))
+    assert tree_allclose(_unbounded(x, limit), on_host(_reference)(x, limit))
+    assert tree_allclose(jax.jit(jax.grad(ours))(x), on_host(jax.grad(ref))(x))
+    ref_jvp = on_host(lambda x: jax.jvp(ref, (x,), (x,)))(x)
+    assert tree_allclose(jax.jvp(ours, (x,), (x,)), ref_jvp)
     xs = jnp.stack([x, 2 * x])
-    assert tree_allclose(jax.vmap(jax.grad(ours))(xs), jax.vmap(jax.grad(ref))(xs))
+    ref_grads = on_host(jax.vmap(jax.grad(ref)))(xs)
+    assert tree_allclose(jax.vmap(jax.grad(ours))(xs), ref_grads)
 
 
 def test_max_steps_beyond_int32():
@@ -104,8 +106,10 @@ def test_max_steps_beyond_int32():
     assert steps == 7 and tree_allclose(got, expected)
     assert jnp.allclose(
         jax.grad(lambda x: _bounded(x, 7, 2**31)[0])(x),
-        jax.grad(
-            lambda x: scan_loop(lambda c: (jnp.cos(c[0]), c[1] + 1), (x, 0), 7)[0]
+        on_host(
+            jax.grad(
+                lambda x: scan_loop(lambda c: (jnp.cos(c[0]), c[1] + 1), (x, 0), 7)[0]
+            )
         )(x),
     )
 
@@ -125,8 +129,8 @@ def _bounded(x, limit, max_steps, checkpoints=None):
 def test_huge_checkpoint_counts_trace_promptly(max_steps, checkpoints):
     x = jnp.array(0.5)
     f = jax.jit(jax.grad(lambda x: _bounded(x, 9, max_steps, checkpoints)[0]))
-    ref = jax.grad(
-        lambda x: scan_loop(lambda c: (jnp.cos(c[0]), c[1] + 1), (x, 0), 9)[0]
+    ref = on_host(
+        jax.grad(lambda x: scan_loop(lambda c: (jnp.cos(c[0]), c[1] + 1), (x, 0), 9)[0])
     )
     assert jnp.allclose(f(x), ref(x))
 
@@ -169,9 +173,8 @@ Y0, W_SCALAR = jnp.array([0.5, -0.3]), jnp.array(1.2)
 )
 def test_only_perturbed_leaves_are_differentiated(transform):
     # `nondifferentiable` raises if its argument gets a tangent
-    assert tree_allclose(
-        transform(_guarded_loss(50)), transform(_guarded_loss(None)), rtol=1e-5
-    )
+    expected = on_host(lambda: transform(_guarded_loss(None)))()
+    assert tree_allclose(transform(_guarded_loss(50)), expected, rtol=1e-5)
 
 
 def _while_carry_shapes(jaxpr, scope: str) -> list:
@@ -316,7 +319,9 @@ def test_grad_of_vmap_with_a_solver_shaped_carry():
 
     got = jax.jit(jax.grad(batched(_solver_like_loss), argnums=(0, 1)))(ys0, w)
     expected = [
-        jax.grad(_solver_like_reference, argnums=(0, 1))(ys0[b], w, int(limits[b]))
+        on_host(jax.grad(_solver_like_reference, argnums=(0, 1)))(
+            ys0[b], w, int(limits[b])
+        )
         for b in range(2)
     ]
     assert tree_allclose(got[0], jnp.stack([e[0] for e in expected]), rtol=1e-5)
