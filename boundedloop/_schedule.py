@@ -129,37 +129,36 @@ def optimal_placement_costs(max_n: int, slots: int) -> np.ndarray:
 BAND_CAP = 2**30
 
 
-def grown_bands(bands, xp=np):
-    """The next regime's bands (see `online_stores`), elementwise: `C(k + r + 1, k)
-    = C(k + r, k) (k + r + 1) / (r + 1)` in float32, rounded (exact while the
-    product is below `2**24`) and clipped at `BAND_CAP`. `xp` is NumPy or
-    `jax.numpy`; both round alike."""
-    r1 = bands[1]  # r + 1
-    ks = xp.arange(bands.shape[0], dtype=xp.float32)
-    return xp.minimum(xp.round(bands * (ks + r1) / r1), xp.float32(BAND_CAP))
+def grown_bands(bands: list[int]) -> list[int]:
+    """The next regime's bands (see `online_stores`), exact: `C(k + r + 1, k) =
+    C(k + r, k) + C(k + r, k) k / (r + 1)`, clipped at `BAND_CAP` (a clipped band
+    stays clipped: bands only grow). `bands[1] = r + 1`. The compiled rule computes
+    the same integers in int32 (`_store_rules._grown`)."""
+    r1 = bands[1]
+    return [min(b + b * k // r1, BAND_CAP) for k, b in enumerate(bands)]
 
 
-def _regime_end(bands: np.ndarray) -> np.float32:
-    """`C(slots + r + 1, slots)`, one past the regime's last trip count, as the
-    compiled rule computes it (the last entry of `grown_bands`)."""
-    r1, last = bands[1], bands[-1]
-    slots = np.float32(bands.shape[0] - 1)
-    return min(np.round(last * (slots + r1) / r1), np.float32(BAND_CAP))
-
-
-def _merge_choice(held: list[int], t: int, limits: list[float]) -> int:
+def _merge_choice(held: list[int], t: int, limits: list[int]) -> int:
     """Which stored position `held[s]` (`1 <= s < slots`) to drop when storing
-    `x_t` (see `online_stores`); `limits[k]` is the band of `k` slots. Compares as
-    the compiled rule does in float32 (alike below `2**24` steps)."""
+    `x_t` (see `online_stores`); `limits[k]` is the band of `k` slots. Exact, in
+    integers, as the compiled rule decides: lengths against bands, and ratios of
+    them by cross-multiplication."""
     slots = len(held)
+
+    def merged(s):  # the segment that dropping `held[s]` leaves
+        return (held[s + 1] if s + 1 < slots else t) - held[s - 1]
+
+    def limit(s):  # its band: that of `slots - s + 1` slots
+        return limits[slots - s + 1]
+
     for s in range(slots - 1, 0, -1):  # from the tail: the first that fits
-        after = held[s + 1] if s + 1 < slots else t
-        if after - held[s - 1] <= limits[slots - s + 1]:
+        if merged(s) <= limit(s):
             return s
-    ext = np.asarray(held + [t])
-    merged = (ext[2:] - ext[:-2]).astype(np.float32)
-    ratios = merged / np.asarray(limits[slots:1:-1], np.float32)
-    return 1 + int(np.argmin(ratios))  # the first of the least
+    least = 1  # else the least `merged / limit`, the first of equals
+    for s in range(2, slots):
+        if merged(s) * limit(least) < merged(least) * limit(s):
+            least = s
+    return least
 
 
 def online_stores(n: int, slots: int) -> list[tuple[int, int]]:
@@ -194,15 +193,17 @@ def online_stores(n: int, slots: int) -> list[tuple[int, int]]:
         return stores
     held = list(range(slots))  # the stored positions once the slots are filled
     order = list(range(slots))  # the slot holding each
-    bands = np.ones(slots + 1, np.float32)  # `bands[k] = C(k + r, k)`, `r = 0`
-    limits, width, end = bands.tolist(), 1, _regime_end(bands)
+    bands = [1] * (slots + 1)  # `bands[k] = C(k + r, k)`, `r = 0`
+    grown = grown_bands(bands)
     t = slots
     while t < n:
-        if np.float32(t + 1) >= end:  # past the regime's last trip count
-            bands = grown_bands(bands)
-            limits, width, end = bands.tolist(), int(bands[1]), _regime_end(bands)
+        # past the regime's last trip count, `C(slots + r + 1, slots) - 1`; a
+        # regime whose end is clipped is the last (past `BAND_CAP` steps)
+        if t + 1 >= grown[-1] and grown[-1] < BAND_CAP:
+            bands, grown = grown, grown_bands(grown)
+        width = bands[1]  # `r + 1`
         if t - held[-1] >= width:
-            s = _merge_choice(held, t, limits)
+            s = _merge_choice(held, t, bands)
             stores.append((t, order[s]))
             del held[s]
             held.append(t)

@@ -21,15 +21,9 @@ from typing import NamedTuple
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, Bool, Int
 
-from ._schedule import (
-    BAND_CAP,
-    grown_bands,
-    INT32_MAX,
-    offline_stores,
-    online_stores,
-)
+from ._schedule import BAND_CAP, INT32_MAX, offline_stores, online_stores
 
 
 class Decision(NamedTuple):
@@ -46,8 +40,8 @@ class OnlineState(NamedTuple):
 
     # row 0: the stored positions in increasing order; row 1: the slot of each
     held: Int[Array, "2 slots"]
-    # `bands[k] = C(k + r, k)` in the current regime `r`
-    bands: Float[Array, " slots+1"]
+    # `bands[k] = C(k + r, k)` in the current regime `r`, clipped at `BAND_CAP`
+    bands: Int[Array, " slots+1"]
 
 
 class OnlineRule:
@@ -58,12 +52,14 @@ class OnlineRule:
     - `slots`: the number of checkpoint slots, at least 2.
 
     A store event comes every `r + 1` steps in regime `r`. Each is elementwise
-    operations and one reduction on arrays of `slots` entries, about eight kernels
-    (XLA's compile time grows with their number: 0.05 to 0.1 s here), in a
-    `lax.cond` branch that the first `slots - 1` events (which fill the free slots)
-    skip. At run time they cost no more than a table lookup: a width-4 Euler
-    gradient at 32 slots takes 0.93 to 0.95 times as long unbounded as with a
-    table (`max_steps=16384`) at 10**3 and 10**4 steps.
+    operations and one reduction on arrays of `slots` entries, in a `lax.cond`
+    branch that the first `slots - 1` events (which fill the free slots) skip; the
+    next regime's bands are computed in a branch taken once a regime. All of it is
+    exact int32 arithmetic (no float rounding, which differs between backends:
+    a TPU divides otherwise than NumPy), so every backend places alike. At run time
+    they cost no more than a table lookup: a width-4 Euler gradient at 32 slots
+    takes 0.93 to 0.95 times as long unbounded as with a table
+    (`max_steps=16384`) at 10**3 and 10**4 steps.
     """
 
     def __init__(self, slots: int):
@@ -74,7 +70,7 @@ class OnlineRule:
         """The state after `x_0` is stored: as if the free slots were filled (the
         first events fill them without reading it)."""
         ramp = jnp.arange(self.slots, dtype=jnp.int32)
-        bands = jnp.ones(self.slots + 1, jnp.float32)
+        bands = jnp.ones(self.slots + 1, jnp.int32)
         return OnlineState(jnp.stack([ramp, ramp]), bands)
 
     def first_stop(self, state: OnlineState) -> Int[Array, ""]:
@@ -90,26 +86,72 @@ class OnlineRule:
 
     def _merge(self, t: Int[Array, ""], state: OnlineState) -> Decision:
         """An event past the first `slots - 1`, which fill the free slots."""
-        slots = self.slots
         held, bands = state
         tail = held[0, -1]
-        # the scalars first, from `bands[1] = r + 1` and `bands[-1]`, so that the
-        # vectors are only read by the choice and written by the update
-        r1, last = bands[1], bands[-1]
-        end = jnp.minimum(jnp.round(last * (slots + r1) / r1), BAND_CAP)
-        # past the regime's last trip count, `C(slots + r + 1, slots) - 1`
-        crossing = _f32(t + 1) >= end
+        r1 = bands[1]  # r + 1
+        # past the regime's last trip count, `C(slots + r + 1, slots) - 1` (the
+        # last of the next regime's bands); a regime whose end is clipped is the
+        # last (as in `online_stores`)
+        end = _grown(bands[-1], jnp.int32(self.slots), r1)
+        crossing = (t + 1 >= end) & (end < BAND_CAP)
         width = jnp.where(crossing, r1 + 1, r1)  # bands[1] after: r + 1
-        due = _f32(t - tail) >= width
-        stop = jnp.maximum(jnp.where(due, t, tail) + width.astype(jnp.int32), t + 1)
-        bands = jnp.where(crossing, grown_bands(bands, jnp), bands)
+        due = t - tail >= width
+        stop = jnp.maximum(jnp.where(due, t, tail) + width, t + 1)
+        # a branch: the vector's integer divisions (scalar on a CPU) run once a
+        # regime
+        bands = lax.cond(crossing, _grown_bands, lambda bands: bands, bands)
         merged, slot = _merge(held, t, bands)
         held = jnp.where(due, merged, held)
         return Decision(due, slot, OnlineState(held, bands), stop)
 
 
-def _f32(x):
-    return jnp.asarray(x).astype(jnp.float32)
+def _grown_bands(bands):
+    """The next regime's bands (`_schedule.grown_bands`)."""
+    ks = jnp.arange(bands.shape[0], dtype=jnp.int32)
+    return _grown(bands, ks, bands[1])
+
+
+def _grown(b, k, r1):
+    """`_schedule.grown_bands`: `min(b + b * k // r1, BAND_CAP)`, the same integers
+    in int32 without overflow. With `q, rem = divmod(b, r1)`, `b * k // r1 = q * k +
+    rem * k // r1`. `rem * k < r1 * slots <= 2 C(slots + r, slots) < 2**31`, since a
+    regime is entered only while its `C(slots + r, slots)` is below `BAND_CAP`
+    (`r1 = 1` in regime 0, where `rem = 0`). `q` is first clipped where `q * k`
+    alone would pass `BAND_CAP` (the result is clipped then anyway), so the sum
+    stays below `BAND_CAP + 2k`, and the clipping adds without overflow."""
+    # every operand is non-negative: truncating `lax.div` is floor division
+    q, rem = lax.div(b, r1), lax.rem(b, r1)
+    q = jnp.minimum(q, lax.div(jnp.int32(BAND_CAP), jnp.maximum(k, 1)) + 1)
+    more = q * k + lax.div(rem * k, r1)
+    return jnp.minimum(b, BAND_CAP - more) + more
+
+
+def _wide_product(a, b):
+    """`a * b` for int32 `0 <= a, b < 2**31`, exact, as uint32 `(hi, lo)` with
+    `a * b = hi * 2**32 + lo`: from 16-bit halves, each partial product below
+    `2**32` (the high halves are below `2**15`)."""
+    a, b = a.astype(jnp.uint32), b.astype(jnp.uint32)
+    a1, a0, b1, b0 = a >> 16, a & 0xFFFF, b >> 16, b & 0xFFFF
+    low = a0 * b0
+    mid = a1 * b0 + a0 * b1  # each term below 2**31
+    lo = low + (mid << 16)  # modulo 2**32
+    hi = a1 * b1 + (mid >> 16) + (lo < low).astype(jnp.uint32)  # and the carry
+    return hi, lo
+
+
+def _preferred(x, y):
+    """Of two candidate merges `(merged, limit, s)`, the one `_schedule._merge_choice`
+    prefers: one that fits its band (`merged <= limit`), the fitting one nearest
+    the tail (the greater `s`); else the lesser ratio `merged / limit`, compared
+    exactly as `merged_x * limit_y < merged_y * limit_x`, and of equal ratios the
+    lesser `s`. A minimum under a total order, so `lax.reduce` may combine in any
+    order."""
+    (mx, lx, sx), (my, ly, sy) = x, y
+    fits_x, fits_y = mx <= lx, my <= ly
+    (hx, lox), (hy, loy) = _wide_product(mx, ly), _wide_product(my, lx)
+    less = (hx < hy) | ((hx == hy) & ((lox < loy) | ((lox == loy) & (sx < sy))))
+    first = jnp.where(fits_x == fits_y, jnp.where(fits_x, sx > sy, less), fits_x)
+    return tuple(jnp.where(first, u, v) for u, v in zip(x, y))
 
 
 def _merge(held, t, bands):
@@ -121,12 +163,13 @@ def _merge(held, t, bands):
     # where `ext` is `positions` with `t` appended; its band is that of
     # `slots - s + 1` slots
     after = jnp.concatenate([positions[2:], t[None]])
-    merged = _f32(after - positions[:-1])
+    merged = after - positions[:-1]
     limit = bands[slots:1:-1]
-    s = jnp.arange(1, slots, dtype=jnp.float32)
-    # the fitting merge nearest the tail, else the least overfilled (by ratio)
-    key = jnp.where(merged <= limit, 2.0 + s / slots, -(merged / limit))
-    pick = 1 + jnp.argmax(key).astype(jnp.int32)
+    s = jnp.arange(1, slots, dtype=jnp.int32)
+    # one reduction (its identity, `(1, 0, slots)`, does not fit and has an
+    # infinite ratio)
+    identity = (jnp.int32(1), jnp.int32(0), jnp.int32(slots))
+    _, _, pick = lax.reduce((merged, limit, s), identity, _preferred, (0,))
     slot = order[pick]
     # columns from `pick` on shift left by one, and `(t, slot)` comes last
     shifted = jnp.concatenate([held[:, 1:], jnp.stack([t, slot])[:, None]], axis=1)

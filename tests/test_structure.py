@@ -8,11 +8,13 @@ import pytest
 from jax import lax
 
 import boundedloop as bl
-from boundedloop import _body_size
+from boundedloop import _body_size, _store_rules
 from boundedloop._recompute import split_rule
 from boundedloop._schedule import (
+    BAND_CAP,
     forward_placement,
     gradient_body_evaluations,
+    grown_bands,
     online_stores,
     reverse_events,
     revolve_split,
@@ -124,11 +126,39 @@ def compiled_stores(slots, n):
     return [(0, 0)] + [(int(t), int(s)) for t, s in pairs if t >= 0]
 
 
-@pytest.mark.parametrize("slots", [2, 3, 5, 16, 33])
-def test_compiled_store_rule_matches_the_schedule(slots):
+@pytest.mark.parametrize(
+    "slots, n",
+    [(2, 3000), (3, 3000), (5, 3000), (16, 3000), (33, 3000), (3, 2 * 10**6)],
+)
+def test_compiled_store_rule_matches_the_schedule(slots, n):
     """The forward's in-graph store rule makes `_schedule.online_stores`'s choices,
-    through regimes 0 to 5 at 5 slots and 0 to 2 at 33."""
-    assert compiled_stores(slots, 3000) == online_stores(3000, slots)
+    through regimes 0 to 5 at 5 slots and 0 to 2 at 33 (and over 200 regimes at
+    3 slots, to 2 * 10**6 steps). Both are exact integer arithmetic, so this holds on every
+    backend."""
+    assert compiled_stores(slots, n) == online_stores(n, slots)
+
+
+@pytest.mark.parametrize("slots", [2, 3, 5, 16, 200])
+def test_compiled_bands_match_the_schedule_in_every_regime(slots):
+    """`_store_rules._grown_bands` (int32) equals `_schedule.grown_bands` (Python
+    integers) in every regime the rule enters, up to the clipped bands at
+    `BAND_CAP`: no intermediate overflows."""
+    rows = [[1] * (slots + 1)]
+    while grown_bands(rows[-1])[-1] < BAND_CAP:  # the regimes entered
+        rows.append(grown_bands(rows[-1]))
+    got = jax.jit(jax.vmap(_store_rules._grown_bands))(jnp.asarray(rows, jnp.int32))
+    assert np.asarray(got).tolist() == [grown_bands(row) for row in rows]
+
+
+def test_wide_products_are_exact():
+    """The rule compares ratios by cross-multiplying int32 values into 64 bits."""
+    edges = [0, 1, 2**15, 2**16 - 1, 2**16, 2**30, 2**31 - 1]
+    rng = np.random.default_rng(0)
+    values = np.concatenate([edges, rng.integers(0, 2**31, 500)]).astype(np.int32)
+    a, b = (x.ravel() for x in np.meshgrid(values, values))
+    hi, lo = jax.jit(_store_rules._wide_product)(a, b)
+    got = np.asarray(hi, np.uint64) * 2**32 + np.asarray(lo, np.uint64)
+    np.testing.assert_array_equal(got, a.astype(np.uint64) * b.astype(np.uint64))
 
 
 @pytest.mark.parametrize("slots", [2, 3, 8])
