@@ -1,5 +1,5 @@
 """Property tests: random trip counts, bounds, checkpoint counts, carries, buffers and
-batching, against `lax.while_loop` (values, bit for bit) and `lax.scan` over the
+batching, against `lax.while_loop` (values, to a few eps) and `lax.scan` over the
 trip count (gradients).
 
 Compiling dominates the cost, so the structural choices (which carry, `max_steps`,
@@ -26,7 +26,7 @@ from jax import lax
 
 import boundedloop as bl
 
-from .helpers import tree_allclose, tree_equal
+from .helpers import on_host, tree_allclose
 
 
 ROWS = 40  # buffer rows: more than any trip count drawn below
@@ -241,7 +241,9 @@ def ours_grad(kind_name, max_steps, checkpoints, vmapped):
 
 @functools.cache
 def reference_forward(kind_name, max_steps, vmapped):
-    """`lax.while_loop` with a step counter; returns `(steps, final carry)`."""
+    """`lax.while_loop` with a step counter; returns `(steps, final carry)`. On the
+    host CPU backend, as every `lax` reference here (XLA on a TPU miscompiles some
+    `lax` loops, the buffer kinds' among them)."""
     kind = KINDS[kind_name]
 
     def f(inputs, w, n):
@@ -253,7 +255,7 @@ def reference_forward(kind_name, max_steps, vmapped):
             (jnp.array(0), kind.carry(inputs)),
         )
 
-    return _batch(f, vmapped)
+    return on_host(_batch(f, vmapped))
 
 
 @functools.cache
@@ -270,7 +272,26 @@ def reference_grad(kind_name):
         final, _ = lax.scan(step, kind.carry(inputs), jnp.arange(PAD))
         return loss(final)
 
-    return jax.jit(jax.grad(value, argnums=(0, 1)))
+    return on_host(jax.jit(jax.grad(value, argnums=(0, 1))))
+
+
+# Forward values against `lax.while_loop`, each compiled on its own: dtypes, weak
+# types and the integer and boolean leaves exact, the floating leaves within a few
+# float32 eps. Not bit for bit: the guard that hides the loop counters' initial
+# values from XLA (`opaque_counters` in `_shard_map.py`) moves XLA's fusion
+# boundaries, so the same math may round differently, by an ulp or so (3 ulps, 2 eps
+# of the value, the most seen on CPU).
+FORWARD_TOL = 4 * float(np.finfo(np.float32).eps)
+
+
+def assert_forward_equal(got, expected):
+    assert jtu.tree_structure(got) == jtu.tree_structure(expected)
+    for a, b in zip(jtu.tree_leaves(got), jtu.tree_leaves(expected)):
+        assert (a.dtype, a.shape, a.weak_type) == (b.dtype, b.shape, b.weak_type)
+        if jnp.issubdtype(a.dtype, jnp.floating):
+            np.testing.assert_allclose(a, b, rtol=FORWARD_TOL, atol=FORWARD_TOL)
+        else:
+            np.testing.assert_array_equal(a, b)
 
 
 def element(tree, b):
@@ -309,8 +330,8 @@ def test_loop_matches_lax(config, data):
 
     out = ours(kind_name, max_steps, checkpoints, vmapped)(inputs, w, n)
     steps, expected = reference_forward(kind_name, max_steps, vmapped)(inputs, w, n)
-    # forward: bit for bit, each compiled on its own
-    assert tree_equal(out, expected)
+    # forward: each compiled on its own, within a few eps (see `assert_forward_equal`)
+    assert_forward_equal(out, expected)
     # the primal under `grad` takes the same steps. It is compiled with the reverse
     # sweep into one program, where XLA may fuse (and round) differently: close, and
     # the integer and boolean leaves (the trip count among them) exact
