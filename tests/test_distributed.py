@@ -2,8 +2,8 @@
 gloo collectives: the loop's results equal one process's (`tests/scripts/
 distributed.py` runs every check; each test reads its result from both processes).
 
-The workers write their output to files (shown when a test fails), each has a
-watchdog that ends it after `DEADLINE_S`, every wait here has a timeout, and a
+The workers write their output to files (a failure shows the mismatch and each
+worker's last `TAIL_LINES` lines), each has a watchdog that ends it after `DEADLINE_S`, every wait here has a timeout, and a
 worker still running after it is killed by its own PID."""
 
 import json
@@ -21,6 +21,7 @@ SCRIPT = pathlib.Path(__file__).parent / "scripts" / "distributed.py"
 NUM_PROCESSES = 2
 DEADLINE_S = 150  # each worker's watchdog
 WAIT_S = DEADLINE_S + 30  # this process's wait for all of them
+TAIL_LINES = 30  # of each worker's output, shown on a failure
 
 
 @pytest.fixture(scope="module")
@@ -32,11 +33,15 @@ def free_port():
 
 
 def _output(workers):
+    """The last `TAIL_LINES` lines each worker wrote (its timings, or the traceback
+    that ended it), stdout then stderr."""
     text = []
     for i, (_, out, err, _) in enumerate(workers):
-        for kind, path in [("stdout", out), ("stderr", err)]:
-            body = path.read_text()[-6000:] if path.exists() else "(none)"
-            text.append(f"--- process {i} {kind} ---\n{body}")
+        lines = []
+        for path in (out, err):
+            lines += path.read_text().splitlines() if path.exists() else []
+        tail = "\n".join(lines[-TAIL_LINES:]) or "(no output)"
+        text.append(f"--- process {i}, last {TAIL_LINES} lines ---\n{tail}")
     return "\n".join(text)
 
 
@@ -96,8 +101,11 @@ def test_equals_one_process(results, name, cases):
     trip count, forward and gradient; `shard_map_vmap`: the guide's pattern, `vmap`
     inside `shard_map`, forward and its complete example's training steps; `buffers`: a trajectory buffer per element of
     the sharded batch, forward and gradient. Each equals the same program in one
-    process and a `lax` reference, in every process."""
+    process and a `lax` reference, in every process: a forward pass within
+    `FORWARD_ULPS` float32 ulps (only the layout differs: the script says why),
+    gradients to float32 tolerance, and one process's loop equals
+    `lax.while_loop` bit for bit (the same shapes on the same device)."""
     per_process, output = results
     for i, out in enumerate(per_process):
         assert out[name]["ok"], f"process {i}: {out[name]['error']}\n{output}"
-        assert out[name]["cases"] == cases, (i, out[name], output)
+        assert out[name]["cases"] == cases, f"process {i}: {out[name]}\n{output}"
