@@ -4,6 +4,9 @@ import pytest
 
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
+# tests compare with references at float32 tolerances; a TPU's matmuls default to
+# bfloat16 passes (a CPU's are float32 already, so this changes nothing there)
+jax.config.update("jax_default_matmul_precision", "highest")
 
 
 @pytest.fixture

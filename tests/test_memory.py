@@ -39,29 +39,34 @@ def temp_bytes(max_steps, checkpoints):
 
 
 def test_temp_memory_does_not_depend_on_max_steps():
-    sizes = {m: temp_bytes(m, 16) for m in [64, 1000, 100_000, 10**6, None]}
-    # bounds up to `TABLE_STEPS` replay a table of stores; longer ones carry the
-    # store rule's state instead (12 bytes a slot and a little more)
-    table = {sizes[m] for m in [64, 1000]}
-    online = {sizes[m] for m in [100_000, 10**6, None]}
-    assert len(table) == 1 and len(online) == 1, sizes
-    assert 0 <= online.pop() - table.pop() <= 16 * 32, sizes
+    """Compiled temporary memory at 16 checkpoints is the same, within the store
+    rule's few small arrays, from `max_steps=64` to `10**6` and unbounded; what a
+    tape would take grows with the steps."""
+    bounds = [64, 1000, 100_000, 10**6, None]
+    sizes = {m: temp_bytes(m, 16) for m in bounds}
+    # Bounds up to `TABLE_STEPS` replay a table of stores (a constant); longer ones
+    # carry the store rule's state, a few int32 arrays of one entry per slot. Its
+    # cost is a matter of layout, not of steps: 384 bytes on a CPU, 32 KiB on a TPU
+    # v5e (whose layouts pad each small array to 4 KiB tiles). 64 KiB bounds it on
+    # either, and is what a tape of this 16-byte carry would take at 4096 steps.
+    assert all(abs(sizes[m] - sizes[64]) <= 64 * 1024 for m in bounds), sizes
     # it is the checkpoints that cost memory ...
     assert 0 < sizes[1000] < temp_bytes(1000, 256)
 
-    # ... and far less than a scan that keeps every step's residuals
+    # ... and far less than a scan that keeps every step's residuals: one carry (16
+    # bytes at least) per step, 16 MB at 10**6 steps
     def scan_loss(x, w):
         final, _ = lax.scan(
             lambda c, _: (long_gradient.body(w)(c), None),
             (x, jnp.array(0)),
-            length=100_000,
+            length=10**6,
         )
         return long_gradient.loss(final[0])
 
     scan = jax.jit(jax.grad(scan_loss, argnums=(0, 1))).lower(X, W).compile()
     scan_bytes = scan.memory_analysis().temp_size_in_bytes
-    assert scan_bytes > 100_000 * 16  # one 4-float carry per step at least
-    assert sizes[1000] * 100 < scan_bytes
+    assert scan_bytes >= 10**6 * 16
+    assert max(sizes.values()) * 10 < scan_bytes, (sizes, scan_bytes)
 
 
 def test_long_gradient_in_a_loop_bounded_far_beyond():
