@@ -4,7 +4,8 @@ in a subprocess so that it can be stopped after a time limit, as
 
 Takes the gradient of `STEPS` steps of a small body (a 4-element carry) with 16
 checkpoints, checks it is finite and equal to the gradient of a `lax.scan` over the
-same steps, and returns (prints) the seconds it took."""
+same steps (computed on the host CPU backend), and returns (prints) the seconds it
+took."""
 
 import sys
 import time
@@ -63,7 +64,14 @@ def run(steps: int, max_steps: int) -> float:
     start = time.perf_counter()
     got = jax.block_until_ready(grad(x, w, jnp.array(steps)))
     seconds = time.perf_counter() - start
-    expected = jax.jit(jax.grad(reference, argnums=(0, 1)))(x, w)
+    # the reference on the host CPU backend, whatever the default one: XLA on a TPU
+    # miscompiles some `lax` loops (as `tests.helpers.on_host` does; this script also
+    # runs on its own, outside the `tests` package)
+    cpu = jax.devices("cpu")[0]
+    with jax.default_device(cpu):
+        expected = jax.jit(jax.grad(reference, argnums=(0, 1)))(
+            jax.device_put(x, cpu), jax.device_put(w, cpu)
+        )
     for a, b in zip(got, expected):
         assert np.all(np.isfinite(np.asarray(a))), got
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
