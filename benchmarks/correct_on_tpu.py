@@ -15,7 +15,8 @@ XLA compile seconds (alternating, several repetitions) and compiled temp bytes.
 
     python benchmarks/correct_on_tpu.py [--part errors|cost|all]
 
-writes `benchmarks/results/correct_on_tpu_<backend>.json` and a `.txt` table.
+writes `benchmarks/results/correct_on_tpu_<backend>.json` and a `.txt` table;
+`python benchmarks/tables.py` makes the docs' tables from the JSON.
 """
 
 import argparse
@@ -27,6 +28,7 @@ import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 import numpy as np
+import tables
 from _common import interleaved_medians, temp_bytes, write_results
 from jax import lax
 
@@ -197,32 +199,6 @@ def cost(reps: int = 3, rounds: int = 15) -> dict:
     return results
 
 
-def table(payload: dict) -> str:
-    lines = []
-    if "errors" in payload:
-        names = list(TRANSFORMS)
-        lines.append(f"Largest error against the host CPU ({payload['backend']}):")
-        lines.append("| loop | " + " | ".join(names) + " |")
-        lines.append("|---|" + "---|" * len(names))
-        for loop, row in payload["errors"].items():
-            cells = [v if isinstance(v, str) else f"{v:.0e}" for v in row.values()]
-            lines.append(f"| {loop} | " + " | ".join(cells) + " |")
-    for name, r in payload.get("cost", {}).items():
-        lines.append(f"\nGuard cost, {name} {r['shape']} ({payload['backend']}):")
-        lines.append("| program | time on/off | compile on/off | temp bytes on, off |")
-        lines.append("|---|---|---|---|")
-        for kind in ("forward", "gradient"):
-            on, off = f"{kind}, guard on", f"{kind}, guard off"
-            lines.append(
-                f"| {kind} | {r['time_s'][on] / r['time_s'][off]:.3f} "
-                f"({r['time_s'][on] * 1e3:.2f} / {r['time_s'][off] * 1e3:.2f} ms) "
-                f"| {r['compile_s'][on] / r['compile_s'][off]:.3f} "
-                f"({r['compile_s'][on]:.2f} / {r['compile_s'][off]:.2f} s) "
-                f"| {r['temp_bytes'][on]:,}, {r['temp_bytes'][off]:,} |"
-            )
-    return "\n".join(lines)
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=["errors", "cost", "all"], default="all")
@@ -239,8 +215,13 @@ def main():
         or pathlib.Path(__file__).parent / "results" / f"correct_on_tpu_{backend}.json"
     )
     write_results(out, **payload)
-    text = table(payload)
-    out.with_suffix(".txt").write_text(text + "\n")
+    lines = []
+    if "errors" in payload:
+        lines += tables.correct_on_tpu_errors(payload)
+    if "cost" in payload:
+        lines += ["", *tables.correct_on_tpu_cost(payload)]
+    text = "\n".join(lines) + "\n"
+    out.with_suffix(".txt").write_text(text)
     print(text)
 
 
