@@ -102,7 +102,7 @@ def test_reads_the_row_written_before(transform, checkpoints, buffers):
     got = apply(ours(checkpoints, buffers))
     # float32 through 4 tanh steps (and their derivatives): a wrong row read gives
     # errors of 1e-1, rounding about 1e-6
-    assert tree_allclose(np.asarray(got), np.asarray(expected), rtol=1e-5, atol=1e-5)
+    assert tree_allclose(np.asarray(got), np.asarray(expected), rtol=1e-4, atol=1e-4)
 
 
 # ---------------------------------------------------------------------------------
