@@ -203,13 +203,16 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=["errors", "cost", "all"], default="all")
     parser.add_argument("--out", default=None, help="results path (.json)")
+    parser.add_argument("--reps", type=int, default=3, help="compiles per setting")
+    parser.add_argument("--rounds", type=int, default=15, help="timed rounds")
     args = parser.parse_args()
     backend = jax.default_backend()
     payload = {"backend": backend, "jax": jax.__version__}
     if args.part in ("errors", "all"):
         payload["errors"] = errors()
     if args.part in ("cost", "all"):
-        payload["cost"] = cost()
+        payload["cost"] = cost(args.reps, args.rounds)
+        payload["repetitions"] = {"compiles": args.reps, "rounds": args.rounds}
     out = pathlib.Path(
         args.out
         or pathlib.Path(__file__).parent / "results" / f"correct_on_tpu_{backend}.json"

@@ -843,8 +843,8 @@ def correct_on_tpu_table(backend: str) -> str:
     payload = _json(f"correct_on_tpu_{backend}.json")
     device = payload["devices"][0].split("(")[0]
     lines = [
-        "Largest absolute error against the same transform of the loop unrolled in "
-        f"Python on the host CPU ({device}, JAX {payload['jax']}):",
+        f"Run on {device} (JAX {payload['jax']}): the largest absolute error against "
+        "the same transform of the loop unrolled in Python on the host CPU.",
         "",
         *correct_on_tpu_errors(payload),
         "",

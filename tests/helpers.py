@@ -103,7 +103,8 @@ def copies_in_while_bodies(hlo: str, shape: str, innermost: bool = False) -> lis
     """The `copy` instructions of an array of type `shape` (e.g. `f32[64,256]`)
     inside the computations a compiled program runs as while bodies; with
     `innermost`, only in those bodies that run no while loop carrying such an
-    array themselves (the per-step work of the innermost loops)."""
+    array themselves (the per-step work of the innermost loops). Copies that only
+    move the array to another layout or memory space are left out."""
     names = set(re.findall(r"body=%?([\w.\-]+)", hlo))
     blocks = re.split(r"\n(?=\S)", hlo)
     bodies = [
@@ -116,12 +117,30 @@ def copies_in_while_bodies(hlo: str, shape: str, innermost: bool = False) -> lis
             for b in bodies
             if not any(" while(" in line and shape in line for line in b.splitlines())
         ]
-    return [
+    copies = [
         line
         for b in bodies
         for line in b.splitlines()
         if " copy(" in line and shape in line.split("=")[1][:40]
     ]
+    return _same_layout_copies(hlo, copies)
+
+
+def _same_layout_copies(hlo: str, lines: list[str]) -> list[str]:
+    """Of the `copy` instructions `lines` of the program `hlo`, those whose result
+    has its operand's layout and memory space: the copies an out-of-place update
+    makes. A copy that changes either (a TPU's `{2,1,0:T(8,128)S(1)}`, a tiled
+    layout in another memory space) is a transfer that the backend's layout and
+    memory-space assignment chose, on any program."""
+    types = dict(re.findall(r"(%[\w.\-]+) = (\S+)", hlo))
+    kept = []
+    for line in lines:
+        result, inline, operand = re.search(
+            r"= (\S+) copy\((?:(\S+) )?(%[\w.\-]+)\)", line
+        ).groups()
+        if (inline or types.get(operand, result)) == result:
+            kept.append(line)
+    return kept
 
 
 def counters_known_to_xla(lowered) -> tuple[int, list[str]]:
