@@ -14,7 +14,7 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Bool
 
-from ._closure import hoist_arrays
+from ._captured_arrays import hoist_arrays
 from ._while_loop import while_loop
 
 

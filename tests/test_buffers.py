@@ -12,7 +12,7 @@ from jax import lax
 
 import boundedloop as bl
 
-from .helpers import copies_in_while_bodies, on_host, tree_allclose
+from .helpers import copies_in_while_bodies, equal_to_host, on_host, tree_allclose
 
 
 ROWS, WIDTH = 12, 3
@@ -124,10 +124,7 @@ def test_forward_matches_lax_while_loop_bitwise():
     expected = on_host(
         lambda: lax.while_loop(cond, reference_body(SCALE, True), init(X, BUF0, 9))
     )()
-    # bit for bit on a CPU backend; the reference runs on the host, so elsewhere (an
-    # accelerator's transcendentals round otherwise) to float tolerance
-    same = np.array_equal if jax.default_backend() == "cpu" else np.allclose
-    assert all(same(a, b) for a, b in zip(got, expected))
+    assert equal_to_host(tuple(got), tuple(expected))
 
 
 def test_several_buffers_and_integer_buffer():

@@ -19,6 +19,7 @@ from boundedloop._schedule import (
 
 from .helpers import (
     Counter,
+    equal_to_host,
     on_host,
     python_while,
     scan_loop,
@@ -45,16 +46,6 @@ def init(x, limit):
 
 
 X0 = jnp.array([0.3, -0.2, 0.5])
-
-
-def equal_to_host(got, expected) -> bool:
-    """`got` (ours, on the default backend) against `expected` (a `lax` reference,
-    computed on the host: XLA on a TPU miscompiles some `lax` loops): bit for bit on a
-    CPU backend; elsewhere to float tolerance, since an accelerator's transcendentals
-    round differently from the host's."""
-    if jax.default_backend() == "cpu":
-        return tree_equal(got, expected)
-    return tree_allclose(got, expected)
 
 
 @functools.cache

@@ -1,0 +1,195 @@
+"""`bl.Loop`'s functions: the arrays a Python closure captures, as leaves.
+
+`bl.Loop` is given plain functions. Under `bl.filter_jit`/`bl.filter_grad` a
+function is static, so arrays it captures (in closure cells or default arguments)
+would be baked-in constants with no gradient. `hoist_arrays` rebuilds such a
+function as a module whose captured arrays are fields; the rest stays static,
+compared by value where that is safe, so that a closure rebuilt around new arrays
+reuses the compiled program.
+"""
+
+import functools
+import types
+from typing import Any
+
+import equinox as eqx
+import jax.tree_util as jtu
+
+
+_IMMUTABLE = (bool, int, float, complex, str, bytes, type(None), type(Ellipsis))
+
+
+def _static_equal(a, b) -> bool:
+    """Whether two static values captured by functions are interchangeable: the same
+    object, equal immutable values, or functions of the same code over such values.
+    Anything mutable is compared by identity."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, _IMMUTABLE):
+        return a == b
+    if isinstance(a, tuple):
+        return len(a) == len(b) and all(map(_static_equal, a, b))
+    if isinstance(a, types.FunctionType):
+        return _Skeleton.of(a) == _Skeleton.of(b)
+    return False
+
+
+def _cell_contents(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell: a name the enclosing scope binds later
+        return _EMPTY
+
+
+_EMPTY = object()
+
+
+class _Skeleton:
+    """The static part of a function: its code and globals, the cells kept as they
+    are, and the non-array parts of the hoisted ones. Equal when the function would
+    compute the same thing from the same arrays."""
+
+    def __init__(self, fn, kept_cells, static):
+        self.fn = fn
+        self.kept_cells = kept_cells  # per cell: the cell, or None where hoisted
+        self.static = static  # (cells, defaults, kwdefaults) with arrays removed
+
+    @classmethod
+    def of(cls, fn):
+        cells = tuple(fn.__closure__ or ())
+        return cls(fn, cells, (None,) * len(cells))
+
+    def _key(self):
+        fn = self.fn
+        return (fn.__code__, fn.__name__, tuple(c is None for c in self.kept_cells))
+
+    def __eq__(self, other):
+        if not isinstance(other, _Skeleton) or self._key() != other._key():
+            return False
+        if self.fn.__globals__ is not other.fn.__globals__:
+            return False
+        for a, b in zip(self.kept_cells, other.kept_cells):
+            if a is not None and a is not b:
+                x, y = _cell_contents(a), _cell_contents(b)
+                if x is _EMPTY or y is _EMPTY or not _static_equal(x, y):
+                    return False
+        flat_a, tree_a = jtu.tree_flatten(self.static)
+        flat_b, tree_b = jtu.tree_flatten(other.static)
+        return tree_a == tree_b and all(map(_static_equal, flat_a, flat_b))
+
+    def __hash__(self):
+        return hash(self.fn.__code__)
+
+    def __repr__(self):
+        return f"<function {self.fn.__qualname__}>"
+
+
+class HoistedFunction(eqx.Module):
+    """A Python function whose captured arrays (in closure cells and default
+    arguments) are the field `arrays`; calling it calls the function on them."""
+
+    skeleton: _Skeleton = eqx.field(static=True)
+    arrays: Any
+
+    @property
+    def __wrapped__(self):
+        return self.skeleton.fn
+
+    def __call__(self, *args, **kwargs):
+        cells, defaults, kwdefaults = eqx.combine(self.arrays, self.skeleton.static)
+        closure = tuple(
+            kept if kept is not None else _make_cell(value)
+            for kept, value in zip(self.skeleton.kept_cells, cells)
+        )
+        fn = self.skeleton.fn
+        rebuilt = types.FunctionType(
+            fn.__code__, fn.__globals__, fn.__name__, defaults, closure or None
+        )
+        rebuilt.__kwdefaults__ = kwdefaults
+        return rebuilt(*args, **kwargs)
+
+
+def _make_cell(value):
+    return (lambda: value).__closure__[0]
+
+
+def _has_arrays(tree) -> bool:
+    return any(eqx.is_array(v) for v in jtu.tree_leaves(tree))
+
+
+def _hoist_tree(tree, seen):
+    is_partial = lambda v: isinstance(v, functools.partial)  # noqa: E731
+    return jtu.tree_map(lambda v: _hoist(v, seen), tree, is_leaf=is_partial)
+
+
+def _hoist(obj, seen):
+    if isinstance(obj, types.FunctionType):
+        return _hoist_function(obj, seen)
+    if isinstance(obj, functools.partial):
+        func = _hoist(obj.func, seen)
+        args = _hoist_tree(obj.args, seen)
+        keywords = _hoist_tree(dict(obj.keywords), seen)
+        if isinstance(func, HoistedFunction) or (
+            type(obj) is functools.partial and _has_arrays((args, keywords))
+        ):
+            return eqx.Partial(func, *args, **keywords)
+    return obj
+
+
+def _hoist_function(fn, seen):
+    if fn in seen:  # the function reaches itself through its closure (recursion)
+        seen[fn] = True
+        return fn
+    seen[fn] = False
+    kept, hoisted = [], []
+    for cell in fn.__closure__ or ():
+        value = _cell_contents(cell)
+        converted = None if value is _EMPTY else _hoist_tree(value, seen)
+        if value is not _EMPTY and _has_arrays(converted):
+            kept.append(None)
+            hoisted.append(converted)
+        else:  # shared with the original, as Python shares it
+            kept.append(cell)
+            hoisted.append(None)
+    defaults, kwdefaults = fn.__defaults__, fn.__kwdefaults__
+    converted = _hoist_tree((defaults, kwdefaults), seen)
+    if _has_arrays(converted):
+        defaults, kwdefaults = converted
+    recursive = seen.pop(fn)
+    if not fn.__closure__ and defaults is fn.__defaults__:
+        return fn  # captures nothing: static as it is
+    if recursive and (_has_arrays(hoisted) or defaults is not fn.__defaults__):
+        # its inner calls would run the original, on the arrays as constants
+        raise TypeError(
+            f"`bl.Loop`: the function `{fn.__qualname__}` calls itself through its "
+            "closure and captures arrays, which then could not be differentiated "
+            "in its inner calls. Pass those arrays as arguments (e.g. through a "
+            "`jax.tree_util.Partial`) or as fields of an `equinox.Module`."
+        )
+    arrays, static = eqx.partition((tuple(hoisted), defaults, kwdefaults), eqx.is_array)
+    return HoistedFunction(_Skeleton(fn, tuple(kept), static), arrays)
+
+
+def hoist_arrays(fn):
+    """`fn`, with the arrays it captures as leaves.
+
+    A Python closure becomes a `HoistedFunction`, a module whose leaves are the
+    arrays its closure cells or default arguments hold, directly or inside pytrees or
+    functions they capture; a `functools.partial` holding arrays becomes an
+    `eqx.Partial`. Any other callable is returned as it is. Cells without arrays are
+    shared with `fn`, so the function sees later changes to them as Python would;
+    the hoisted values are fixed when `hoist_arrays` is called. Two closures of the
+    same code over equal immutable values (and any arrays) compare equal, so
+    `bl.filter_jit` reuses a trace for a rebuilt closure.
+
+    **Arguments:**
+
+    - `fn`: a callable.
+
+    **Returns:**
+
+    A callable computing what `fn` computes.
+    """
+    return _hoist(fn, {})
