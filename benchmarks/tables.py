@@ -863,13 +863,23 @@ def fuzz_findings(path: str = "fuzz_tpu.jsonl") -> dict:
     two or more steps `lax.fori_loop` got right and wrong."""
     found = [json.loads(line) for line in (RESULTS / path).read_text().splitlines()]
     forms = {}
+    # bodies of two or more steps, by (a read of the previous row guarded by `i > 0`,
+    # `lax` wrong)
+    by_guard = {(a, b): 0 for a in (True, False) for b in (True, False)}
     for f in found:
         p = f["program"]
         trip = p["steps"] if p["max_steps"] is None else min(p["steps"], p["max_steps"])
-        if len(p["reads"]) == 1 and trip >= 2:
+        if trip < 2:
+            continue
+        if len(p["reads"]) == 1:
             lag, test, _ = p["reads"][0]
             forms.setdefault((lag, test), [0, 0])[f["lax"] > 1e-3] += 1
+        after_zero = any(
+            lag == 1 and test in (">", "cond") for lag, test, _ in p["reads"]
+        )
+        by_guard[after_zero, f["lax"] > 1e-3] += 1
     return {
+        "by_guard": by_guard,
         "bodies": len(found),
         "backend": found[0]["backend"],
         "ours_max": max(f["ours"] for f in found),
@@ -904,6 +914,18 @@ def tpu_fuzz_table() -> str:
         "one read and two or more steps, by how the read is guarded:",
         "",
         *_table(["guard", "lax right", "lax wrong"], rows, ["---", "--:", "--:"]),
+        "",
+        "All bodies of two or more steps (one or two reads), by whether one of their "
+        "reads of the previous row is guarded by `i > 0` (`where` or `lax.cond`):",
+        "",
+        *_table(
+            ["a read guarded by `i > 0`", "lax right", "lax wrong"],
+            [
+                [label, f["by_guard"][flag, False], f["by_guard"][flag, True]]
+                for flag, label in ((True, "yes"), (False, "no"))
+            ],
+            ["---", "--:", "--:"],
+        ),
     ]
     return _text(lines)
 
