@@ -99,7 +99,14 @@ def new_input(trace, shape, dtype, like):
     """A new input of the jaxpr that `trace` (a `jax.make_jaxpr` trace) builds, added
     after its arguments: an array of `shape` and `dtype` that varies over the
     manual mesh axes `like` varies over (inside `shard_map`)."""
-    aval = _core.ShapedArray(
-        shape, dtype, manual_axis_type=jax.typeof(like).manual_axis_type
-    )
+    like = jax.typeof(like)
+    if like.manual_axis_type.empty:
+        aval = _core.ShapedArray(shape, dtype)
+    else:  # a type that varies needs its mesh: a replicated sharding on `like`'s
+        sharding = jax.sharding.NamedSharding(
+            like.sharding.mesh, jax.sharding.PartitionSpec()
+        )
+        aval = _core.ShapedArray(
+            shape, dtype, sharding=sharding, manual_axis_type=like.manual_axis_type
+        )
     return trace.new_arg(aval, jax.extend.source_info_util.current())

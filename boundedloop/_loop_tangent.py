@@ -65,7 +65,9 @@ def _loop_tangent_transpose(
         jnp.zeros(a.shape, a.dtype) if type(ct) is ad.Zero else ct
         for ct, a in zip(cts, out_avals)
     ]
-    cts_in = vjp_fn(list(residuals), cts)
+    # inside `shard_map` the loop's outputs vary over every manual axis (it casts its
+    # carry so, `vary_everywhere`); a zero or unvarying cotangent is cast to match
+    cts_in = vjp_fn(list(residuals), vary_everywhere(cts))
     assert len(cts_in) == len(linear)
     # inside `shard_map`, an input the same on every device (a weight, say) was
     # used by every device's loop: its cotangent is the sum of theirs

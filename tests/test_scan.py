@@ -166,3 +166,21 @@ def test_y_must_be_arrays():
         bl.scan(lambda c, x: (c, "text"), 0.0, XS)
     with pytest.raises(TypeError, match="pair"):
         bl.scan(lambda c, x: c, 0.0, XS)
+
+
+def test_xs_inside_shard_map():
+    """Reading `xs` inside `shard_map` (it failed on the type of the read's dummy)."""
+    mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    spec = jax.sharding.PartitionSpec("data")
+
+    def per_device(x):
+        c, ys = bl.scan(lambda c, x: (c * x, c), x[0, 0], x[0], checkpoints=2)
+        return (c + ys.sum())[None]
+
+    def loss(f):
+        return lambda x: jnp.sum(f(x))
+
+    sharded = jax.shard_map(per_device, mesh=mesh, in_specs=spec, out_specs=spec)
+    x = jnp.linspace(0.9, 1.2, 4)[None]
+    got = jax.jit(jax.grad(loss(sharded)))(x)
+    assert tree_allclose(got, jax.jit(jax.grad(loss(per_device)))(x))
