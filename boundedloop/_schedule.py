@@ -138,27 +138,45 @@ def grown_bands(bands: list[int]) -> list[int]:
     return [min(b + b * k // r1, BAND_CAP) for k, b in enumerate(bands)]
 
 
-def _merge_choice(held: list[int], t: int, limits: list[int]) -> int:
+# `_merge_choice`'s keys: a merge that overfills its band by more than `KEY_CAP`
+# counts as `KEY_CAP` over; a kept position's key is raised by `KEPT`, so that the
+# keys stay below `2**31`
+KEY_CAP = 2**29
+KEPT = 2**30
+
+
+def targets(grown: list[int]) -> list[int]:
+    """The positions `q_j` (`1 <= j < slots`) of the placement that is optimal at
+    the regime's last trip count: its segments are the bands, the first of
+    `C(slots + r, slots)` steps and the last of `C(1 + r, 1)`. By the hockey-stick
+    identity `q_j = C(slots + r + 1, slots) - C(slots - j + r + 1, slots - j)`,
+    differences of the next regime's bands `grown` (as the compiled rule reads
+    them; clipped entries give other integers, alike in both)."""
+    slots = len(grown) - 1
+    return [grown[slots] - grown[slots - j] for j in range(1, slots)]
+
+
+def _merge_choice(held: list[int], t: int, limits: list[int], goal: list[int]) -> int:
     """Which stored position `held[s]` (`1 <= s < slots`) to drop when storing
-    `x_t` (see `online_stores`); `limits[k]` is the band of `k` slots. Exact, in
-    integers, as the compiled rule decides: lengths against bands, and ratios of
-    them by cross-multiplication."""
+    `x_t` (see `online_stores`); `limits[k]` is the band of `k` slots and `goal`
+    the regime's `targets`. Exact, in integers, as the compiled rule decides: the
+    least key, the first of equals."""
     slots = len(held)
-
-    def merged(s):  # the segment that dropping `held[s]` leaves
-        return (held[s + 1] if s + 1 < slots else t) - held[s - 1]
-
-    def limit(s):  # its band: that of `slots - s + 1` slots
-        return limits[slots - s + 1]
-
-    for s in range(slots - 1, 0, -1):  # from the tail: the first that fits
-        if merged(s) <= limit(s):
-            return s
-    least = 1  # else the least `merged / limit`, the first of equals
-    for s in range(2, slots):
-        if merged(s) * limit(least) < merged(least) * limit(s):
-            least = s
-    return least
+    ext = held + [t]
+    # how many targets lie before each position: `held[s]` stands in for a target
+    # when one lies in `[held[s], ext[s + 1])`
+    before = [sum(q < x for q in goal) for x in ext]
+    best, pick = None, 1
+    for s in range(1, slots):
+        # the segment that dropping `held[s]` leaves, against its band (that of
+        # `slots - s + 1` slots)
+        over = ext[s + 1] - ext[s - 1] - limits[slots - s + 1]
+        key = -s if over <= 0 else min(over, KEY_CAP)
+        if before[s + 1] > before[s]:
+            key += KEPT
+        if best is None or key < best:
+            best, pick = key, s
+    return pick
 
 
 def online_stores(n: int, slots: int) -> list[tuple[int, int]]:
@@ -177,15 +195,20 @@ def online_stores(n: int, slots: int) -> list[tuple[int, int]]:
       stored when the tail would outgrow its band, `r + 1` steps.
     - *Where.* A store drops one position, which merges the two segments around it
       into one with the slots of the earlier one (and gives every later segment
-      one slot more). Of the merges whose result fits its band, the one nearest the
-      tail; when none fits, the one that overfills its band least (by ratio).
+      one slot more). The positions that stand in for the regime's `targets` (the
+      optimal placement at its last trip count, whose segments are the bands) are
+      kept: the latest position at or before each target, `t` included. Of the
+      others, the merge that fits its band nearest the tail; when none fits, the
+      one that overfills its band least (in steps; the first of equals). When
+      every position stands in for a target, the same choice among all.
 
     Choices depend on `t` and `slots` only, so a longer loop's stores extend a
     shorter loop's. Against the hindsight optimum (`2n` plus its recomputation)
     the worst ratio over `n <= 2000` is 1.097 at two slots (the least any online
-    placement can guarantee there is 1.0967: `tests/test_schedule.py`), 1.062 at
-    4, 1.029 at 8 and 1.026 at 16; at 32 slots it is 1.002 at `10**6` steps and
-    1.000 at `10**7`, with no planning horizon.
+    placement can guarantee there is 1.0967: `tests/test_schedule.py`), 1.084 at
+    3, 1.057 at 4, 1.029 at 8 and 1.010 at 16; at 32 slots it is 1.00002 at
+    `10**6` steps and 1.00001 at `10**7`, with no planning horizon. The
+    recomputation alone against the optimum's: `benchmarks/online_schedule.py`.
     """
     # `x_0` in slot 0, even if the loop takes no step; then the free slots
     stores = [(t, t) for t in range(min(max(n, 1), slots))]
@@ -195,15 +218,17 @@ def online_stores(n: int, slots: int) -> list[tuple[int, int]]:
     order = list(range(slots))  # the slot holding each
     bands = [1] * (slots + 1)  # `bands[k] = C(k + r, k)`, `r = 0`
     grown = grown_bands(bands)
+    goal = targets(grown)
     t = slots
     while t < n:
         # past the regime's last trip count, `C(slots + r + 1, slots) - 1`; a
         # regime whose end is clipped is the last (past `BAND_CAP` steps)
         if t + 1 >= grown[-1] and grown[-1] < BAND_CAP:
             bands, grown = grown, grown_bands(grown)
+            goal = targets(grown)
         width = bands[1]  # `r + 1`
         if t - held[-1] >= width:
-            s = _merge_choice(held, t, bands)
+            s = _merge_choice(held, t, bands, goal)
             stores.append((t, order[s]))
             del held[s]
             held.append(t)

@@ -23,7 +23,15 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, Bool, Int
 
-from ._schedule import BAND_CAP, INT32_MAX, offline_stores, online_stores
+from ._schedule import (
+    BAND_CAP,
+    grown_bands,
+    INT32_MAX,
+    KEPT,
+    KEY_CAP,
+    offline_stores,
+    online_stores,
+)
 
 
 class Decision(NamedTuple):
@@ -42,6 +50,8 @@ class OnlineState(NamedTuple):
     held: Int[Array, "2 slots"]
     # `bands[k] = C(k + r, k)` in the current regime `r`, clipped at `BAND_CAP`
     bands: Int[Array, " slots+1"]
+    # the next regime's, `C(k + r + 1, k)`, as `_schedule.grown_bands` gives them
+    grown: Int[Array, " slots+1"]
 
 
 class OnlineRule:
@@ -52,7 +62,8 @@ class OnlineRule:
     - `slots`: the number of checkpoint slots, at least 2.
 
     A store event comes every `r + 1` steps in regime `r`. Each is elementwise
-    operations and one reduction on arrays of `slots` entries, in a `lax.cond`
+    operations, one comparison of the positions with the regime's targets and one
+    `argmin` on arrays of `slots` entries, in a `lax.cond`
     branch that the first `slots - 1` events (which fill the free slots) skip; the
     next regime's bands are computed in a branch taken once a regime. All of it is
     exact int32 arithmetic (no float rounding, which differs between backends:
@@ -70,8 +81,11 @@ class OnlineRule:
         """The state after `x_0` is stored: as if the free slots were filled (the
         first events fill them without reading it)."""
         ramp = jnp.arange(self.slots, dtype=jnp.int32)
-        bands = jnp.ones(self.slots + 1, jnp.int32)
-        return OnlineState(jnp.stack([ramp, ramp]), bands)
+        bands = [1] * (self.slots + 1)
+        grown = jnp.asarray(grown_bands(bands), jnp.int32)
+        return OnlineState(
+            jnp.stack([ramp, ramp]), jnp.asarray(bands, jnp.int32), grown
+        )
 
     def first_stop(self, state: OnlineState) -> Int[Array, ""]:
         return jnp.array(1, jnp.int32)
@@ -86,23 +100,28 @@ class OnlineRule:
 
     def _merge(self, t: Int[Array, ""], state: OnlineState) -> Decision:
         """An event past the first `slots - 1`, which fill the free slots."""
-        held, bands = state
+        held, bands, grown = state
         tail = held[0, -1]
-        r1 = bands[1]  # r + 1
         # past the regime's last trip count, `C(slots + r + 1, slots) - 1` (the
         # last of the next regime's bands); a regime whose end is clipped is the
         # last (as in `online_stores`)
-        end = _grown(bands[-1], jnp.int32(self.slots), r1)
+        end = grown[-1]
         crossing = (t + 1 >= end) & (end < BAND_CAP)
-        width = jnp.where(crossing, r1 + 1, r1)  # bands[1] after: r + 1
+        width = jnp.where(crossing, grown[1], bands[1])  # bands[1] after: r + 1
         due = t - tail >= width
         stop = jnp.maximum(jnp.where(due, t, tail) + width, t + 1)
         # a branch: the vector's integer divisions (scalar on a CPU) run once a
         # regime
-        bands = lax.cond(crossing, _grown_bands, lambda bands: bands, bands)
-        merged, slot = _merge(held, t, bands)
+        bands, grown = lax.cond(
+            crossing,
+            lambda bands, grown: (grown, _grown_bands(grown)),
+            lambda bands, grown: (bands, grown),
+            bands,
+            grown,
+        )
+        merged, slot = _merge(held, t, bands, grown)
         held = jnp.where(due, merged, held)
-        return Decision(due, slot, OnlineState(held, bands), stop)
+        return Decision(due, slot, OnlineState(held, bands, grown), stop)
 
 
 def _grown_bands(bands):
@@ -126,50 +145,24 @@ def _grown(b, k, r1):
     return jnp.minimum(b, BAND_CAP - more) + more
 
 
-def _wide_product(a, b):
-    """`a * b` for int32 `0 <= a, b < 2**31`, exact, as uint32 `(hi, lo)` with
-    `a * b = hi * 2**32 + lo`: from 16-bit halves, each partial product below
-    `2**32` (the high halves are below `2**15`)."""
-    a, b = a.astype(jnp.uint32), b.astype(jnp.uint32)
-    a1, a0, b1, b0 = a >> 16, a & 0xFFFF, b >> 16, b & 0xFFFF
-    low = a0 * b0
-    mid = a1 * b0 + a0 * b1  # each term below 2**31
-    lo = low + (mid << 16)  # modulo 2**32
-    hi = a1 * b1 + (mid >> 16) + (lo < low).astype(jnp.uint32)  # and the carry
-    return hi, lo
-
-
-def _preferred(x, y):
-    """Of two candidate merges `(merged, limit, s)`, the one `_schedule._merge_choice`
-    prefers: one that fits its band (`merged <= limit`), the fitting one nearest
-    the tail (the greater `s`); else the lesser ratio `merged / limit`, compared
-    exactly as `merged_x * limit_y < merged_y * limit_x`, and of equal ratios the
-    lesser `s`. A minimum under a total order, so `lax.reduce` may combine in any
-    order."""
-    (mx, lx, sx), (my, ly, sy) = x, y
-    fits_x, fits_y = mx <= lx, my <= ly
-    (hx, lox), (hy, loy) = _wide_product(mx, ly), _wide_product(my, lx)
-    less = (hx < hy) | ((hx == hy) & ((lox < loy) | ((lox == loy) & (sx < sy))))
-    first = jnp.where(fits_x == fits_y, jnp.where(fits_x, sx > sy, less), fits_x)
-    return tuple(jnp.where(first, u, v) for u, v in zip(x, y))
-
-
-def _merge(held, t, bands):
+def _merge(held, t, bands, grown):
     """`held` after storing `x_t` in place of position `s`, chosen as
     `_schedule._merge_choice` does (`t` last, in the freed slot); and that slot."""
     slots = held.shape[1]
     positions, order = held
+    ext = jnp.concatenate([positions, t[None]])
+    # the regime's targets (`_schedule.targets`) and how many lie before each of
+    # `ext`: `positions[s]` stands in for one in `[ext[s], ext[s + 1])` and is kept
+    goal = grown[slots] - grown[slots - 1 : 0 : -1]
+    before = jnp.sum(goal[None, :] < ext[:, None], axis=1, dtype=jnp.int32)
+    kept = before[2:] > before[1:-1]
     # dropping positions[s] (s = 1 .. slots - 1) merges [ext[s - 1], ext[s + 1]),
-    # where `ext` is `positions` with `t` appended; its band is that of
-    # `slots - s + 1` slots
-    after = jnp.concatenate([positions[2:], t[None]])
-    merged = after - positions[:-1]
-    limit = bands[slots:1:-1]
+    # whose band is that of `slots - s + 1` slots; every operand is below `2**31`
+    over = ext[2:] - ext[:-2] - bands[slots:1:-1]
     s = jnp.arange(1, slots, dtype=jnp.int32)
-    # one reduction (its identity, `(1, 0, slots)`, does not fit and has an
-    # infinite ratio)
-    identity = (jnp.int32(1), jnp.int32(0), jnp.int32(slots))
-    _, _, pick = lax.reduce((merged, limit, s), identity, _preferred, (0,))
+    key = jnp.where(over <= 0, -s, jnp.minimum(over, KEY_CAP))
+    key = key + jnp.where(kept, KEPT, 0)
+    pick = 1 + jnp.argmin(key).astype(jnp.int32)  # the first of the least
     slot = order[pick]
     # columns from `pick` on shift left by one, and `(t, slot)` comes last
     shifted = jnp.concatenate([held[:, 1:], jnp.stack([t, slot])[:, None]], axis=1)

@@ -131,7 +131,7 @@ def test_reverse_events_online_placement(slots):
 
 # the worst ratio of ours to the optimum over n <= 2000 (2n + extra evaluations); with
 # two slots no online placement does better than 1.0967 (next test)
-WORST_RATIO = {2: 1.0968, 3: 1.088, 4: 1.063, 8: 1.029, 16: 1.026}
+WORST_RATIO = {2: 1.0968, 3: 1.084, 4: 1.057, 8: 1.029, 16: 1.010}
 
 
 @pytest.mark.parametrize("slots", [2, 3, 4, 8, 16])
@@ -144,6 +144,16 @@ def test_online_placement_worst_ratio(slots):
         for n in range(1, max_n + 1)
     )
     assert worst <= WORST_RATIO[slots], worst
+
+
+@pytest.mark.parametrize("slots", [4, 8, 16])
+def test_online_recomputation_within_three_percent_of_the_optimum(slots):
+    # the recomputation alone (beyond the `2n` every gradient makes) against the
+    # optimum's, on the grid of issue 30 (`benchmarks/online_schedule.py`)
+    for n in [100, 1000]:
+        ours = placement_cost(forward_placement(n, slots), n, slots)
+        optimum = placement_cost(offline_placement(n, slots), n, slots)
+        assert ours <= 1.03 * optimum, (n, slots, ours, optimum)
 
 
 def two_slot_lower_bound_holds(lo, hi, ratio):

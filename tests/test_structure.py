@@ -11,13 +11,16 @@ import boundedloop as bl
 from boundedloop import _body_size, _store_rules
 from boundedloop._recompute import split_rule
 from boundedloop._schedule import (
+    _merge_choice,
     BAND_CAP,
     forward_placement,
     gradient_body_evaluations,
     grown_bands,
+    offline_placement,
     online_stores,
     reverse_events,
     revolve_split,
+    targets,
 )
 from boundedloop._store_rules import OnlineRule, TABLE_STEPS
 from boundedloop._trace import trace_loop
@@ -150,15 +153,38 @@ def test_compiled_bands_match_the_schedule_in_every_regime(slots):
     assert np.asarray(got).tolist() == [grown_bands(row) for row in rows]
 
 
-def test_wide_products_are_exact():
-    """The rule compares ratios by cross-multiplying int32 values into 64 bits."""
-    edges = [0, 1, 2**15, 2**16 - 1, 2**16, 2**30, 2**31 - 1]
-    rng = np.random.default_rng(0)
-    values = np.concatenate([edges, rng.integers(0, 2**31, 500)]).astype(np.int32)
-    a, b = (x.ravel() for x in np.meshgrid(values, values))
-    hi, lo = jax.jit(_store_rules._wide_product)(a, b)
-    got = np.asarray(hi, np.uint64) * 2**32 + np.asarray(lo, np.uint64)
-    np.testing.assert_array_equal(got, a.astype(np.uint64) * b.astype(np.uint64))
+@pytest.mark.parametrize("slots", [2, 3, 5, 16, 33])
+def test_targets_are_the_optimum_at_the_regime_end(slots):
+    """The positions the rule keeps stand-ins for in regime `r` (`targets`) are
+    the optimal placement for its last trip count, `C(slots + r + 1, slots) - 1`."""
+    grown = grown_bands([1] * (slots + 1))
+    while grown[-1] <= 10**5:
+        end = grown[-1] - 1
+        assert [0, *targets(grown)] == offline_placement(end, slots)
+        grown = grown_bands(grown)
+
+
+@pytest.mark.parametrize("slots", [2, 3, 7, 16])
+def test_compiled_choice_matches_the_schedule_at_any_position(slots):
+    """`_store_rules._merge` drops the position `_schedule._merge_choice` drops,
+    from random placements in several regimes, positions up to `2**31 - 1` (the
+    keys' clipping at `KEY_CAP` and the kept offset stay within int32)."""
+    rng = np.random.default_rng(slots)
+    regimes = [([1] * (slots + 1), grown_bands([1] * (slots + 1)))]  # (bands, grown)
+    while regimes[-1][1][-1] < BAND_CAP and len(regimes) < 6:
+        regimes.append((regimes[-1][1], grown_bands(regimes[-1][1])))
+    cases = []
+    for k in range(400):
+        bands, grown = regimes[k % len(regimes)]
+        top = [2 * grown[-1], 2**31 - 1][k % 2]
+        grid = np.arange(1, top, max(top // 10**6, 1))
+        points = np.sort(rng.choice(grid, slots, replace=False)).tolist()
+        cases.append(([0, *points[:-1]], points[-1], bands, grown))
+    held = jnp.asarray([[h, list(range(slots))] for h, *_ in cases], jnp.int32)
+    t, bands, grown = (jnp.asarray([c[i] for c in cases], jnp.int32) for i in (1, 2, 3))
+    _, slot = jax.jit(jax.vmap(_store_rules._merge))(held, t, bands, grown)
+    want = [_merge_choice(h, t, b, targets(g)) for h, t, b, g in cases]
+    assert np.asarray(slot).tolist() == want
 
 
 @pytest.mark.parametrize("slots", [2, 3, 8])
