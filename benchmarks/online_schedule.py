@@ -10,7 +10,9 @@ Each ratio is the extra body evaluations of one gradient with `max_steps=None`
 - the issue's grid, `n` in {100, 1000} and `c` in {4, 8, 16};
 - the wide grid: 90 trip counts spaced geometrically from 100 to `2 * 10**6`, at
   `c` = 16, 32 and 64 (the worst of each);
-- the worst over every `n <= 1000`, at `c` = 3, 4, 8 and 16.
+- the worst over every `n <= 1000`, at `c` = 3, 4, 8 and 16;
+- the worst over every `n <= 2000` of all the evaluations of one gradient (the `2n`
+  included) over the optimum's, at `c` = 2, 3, 4, 8 and 16.
 """
 
 import numpy as np
@@ -72,6 +74,18 @@ def main():
         }
         worst = max(ratios, key=ratios.get)
         print(f"| {c} | {ratios[worst]:.4f} | {worst} |")
+    print()
+    print("| c | worst over n <= 2000, all evaluations | at n |")
+    print("|---:|---:|---:|")
+    for c in (2, 3, 4, 8, 16):
+        best = optimal_placement_costs(2000, c)
+        held = placements(c, range(1, 2001))
+        totals = {
+            n: (2 * n + placement_cost(held[n], n, c)) / (2 * n + best[n])
+            for n in range(1, 2001)
+        }
+        worst = max(totals, key=totals.get)
+        print(f"| {c} | {totals[worst]:.4f} | {worst} |")
 
 
 if __name__ == "__main__":
