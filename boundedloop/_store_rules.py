@@ -153,8 +153,11 @@ def _merge(held, t, bands, grown):
     ext = jnp.concatenate([positions, t[None]])
     # the regime's targets (`_schedule.targets`) and how many lie before each of
     # `ext`: `positions[s]` stands in for one in `[ext[s], ext[s + 1])` and is kept
-    goal = grown[slots] - grown[slots - 1 : 0 : -1]
-    before = jnp.sum(goal[None, :] < ext[:, None], axis=1, dtype=jnp.int32)
+    goal = grown[slots] - grown[slots - 1 : 0 : -1]  # increasing
+    # a binary search unrolled (no loop), `slots * log2(slots)` comparisons: a
+    # comparison of every pair would take `slots**2` of them (and memory)
+    before = jnp.searchsorted(goal, ext, side="left", method="scan_unrolled")
+    before = before.astype(jnp.int32)
     kept = before[2:] > before[1:-1]
     # dropping positions[s] (s = 1 .. slots - 1) merges [ext[s - 1], ext[s + 1]),
     # whose band is that of `slots - s + 1` slots; every operand is below `2**31`
