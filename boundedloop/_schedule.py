@@ -19,6 +19,7 @@ is bounded by at most `_store_rules.TABLE_STEPS` (16384) steps, and as it runs
 otherwise, so that nothing is planned ahead and any trip count is placed alike.
 """
 
+import bisect
 import functools
 import itertools
 import math
@@ -163,20 +164,24 @@ def _merge_choice(held: list[int], t: int, limits: list[int], goal: list[int]) -
     least key, the first of equals."""
     slots = len(held)
     ext = held + [t]
-    # how many targets lie before each position: `held[s]` stands in for a target
-    # when one lies in `[held[s], ext[s + 1])`
-    before = [sum(q < x for q in goal) for x in ext]
-    best, pick = None, 1
-    for s in range(1, slots):
-        # the segment that dropping `held[s]` leaves, against its band (that of
-        # `slots - s + 1` slots)
-        over = ext[s + 1] - ext[s - 1] - limits[slots - s + 1]
-        key = -s if over <= 0 else min(over, KEY_CAP)
-        if before[s + 1] > before[s]:
-            key += KEPT
-        if best is None or key < best:
-            best, pick = key, s
-    return pick
+    # the least key, when one exists, is that of the fitting merge nearest the tail
+    # that drops no stand-in (keys `-s`; every other key is positive): found from
+    # the tail, as a loop of any length mostly finds it, in a few steps
+    for s in range(slots - 1, 0, -1):
+        if ext[s + 1] - ext[s - 1] <= limits[slots - s + 1]:
+            if bisect.bisect_left(goal, ext[s + 1]) == bisect.bisect_left(goal, ext[s]):
+                return s
+    ext = np.asarray(ext, np.int64)
+    # how many targets lie before each position (`goal` increases): `held[s]`
+    # stands in for a target when one lies in `[held[s], ext[s + 1])`
+    before = np.searchsorted(np.asarray(goal, np.int64), ext, side="left")
+    kept = before[2:] > before[1:-1]
+    # the segment that dropping `held[s]` (s = 1 .. slots - 1) leaves, against its
+    # band (that of `slots - s + 1` slots)
+    over = ext[2:] - ext[:-2] - np.asarray(limits[slots:1:-1], np.int64)
+    s = np.arange(1, slots)
+    key = np.where(over <= 0, -s, np.minimum(over, KEY_CAP)) + np.where(kept, KEPT, 0)
+    return 1 + int(np.argmin(key))  # the first of the least
 
 
 def online_stores(n: int, slots: int) -> list[tuple[int, int]]:
