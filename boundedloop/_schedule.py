@@ -211,8 +211,9 @@ def online_stores(n: int, slots: int) -> list[tuple[int, int]]:
     shorter loop's. Against the hindsight optimum (`2n` plus its recomputation)
     the worst ratio over `n <= 2000` is 1.097 at two slots (the least any online
     placement can guarantee there is 1.0967: `tests/test_schedule.py`), 1.084 at
-    3, 1.057 at 4, 1.029 at 8 and 1.010 at 16; at 32 slots it is 1.00002 at
-    `10**6` steps and 1.00001 at `10**7`, with no planning horizon. The
+    3, 1.057 at 4, 1.029 at 8 and 1.009 at 16; at 32 slots it is 1.000015 at
+    `10**6` steps and 1.000006 at `10**7` (`benchmarks/results/long_loop.txt`),
+    with no planning horizon. The
     recomputation alone against the optimum's: `benchmarks/online_schedule.py`.
     """
     # `x_0` in slot 0, even if the loop takes no step; then the free slots
