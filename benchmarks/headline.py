@@ -1,0 +1,314 @@
+"""The headline workload: the gradient of a data-dependent loop whose store-everything
+tape does not fit in an accelerator's memory, on whatever backend JAX has.
+
+    python benchmarks/headline.py [--batch 512] [--width 4096] [--rounds 3] [--repeats 3]
+        [--only gradient|compile|all] [--out benchmarks/results/headline_<platform>.json]
+
+The workload: a state `x` of shape (batch, width) float32 (`normal`, key 1), a matrix
+`W` of shape (width, width) (`normal / sqrt(width)`, key 0), a body `(i, x) -> (i + 1,
+tanh(x @ W))` run until the counter reaches a traced `n`, the loss `mean(y ** 2)` of
+the final `y`, and `jax.grad` of the loss with respect to `W`.
+
+- **gradient** rows: for (n, max_steps) = (256, 1024) and (2048, 4096), checkpoints
+  16, four kinds: `scan` (`lax.scan` over exactly `n` steps, `n` static, JAX's default
+  AD storing every step), `scan_offload` (the same scan with every step's `y` offloaded
+  to `pinned_host` memory by a `jax.checkpoint` policy; only where the device has such
+  a memory), `equinox` (`equinox.internal.while_loop(..., kind="checkpointed")`) and
+  `boundedloop` (`bl.while_loop`); and `boundedloop` with checkpoints 64 on the larger
+  case. Each row: trace + lower seconds, XLA compile seconds, the compiled
+  `temp_size_in_bytes` and `host_temp_size_in_bytes`, and the seconds per gradient
+  (medians of `--rounds` interleaved rounds after a warm-up call). A failed trace,
+  compile or run (e.g. RESOURCE_EXHAUSTED: the tape does not fit) becomes a row with
+  an `error` string.
+- **compile** rows: for the forward loss and its gradient, max_steps 4096, checkpoints
+  16, n 256: `boundedloop`, `equinox`, `scan` (256 steps) and, forward only, `lax`
+  (`lax.while_loop`). Trace, lower and XLA compile seconds, each separately, of a fresh
+  function, the kinds interleaved in each of `--repeats` repetitions after one warm-up
+  compile of each; every repetition's figures and their medians, the number of `while`
+  instructions in the compiled HLO and the number of lines of the optimized HLO.
+
+Every row records its parameters (`n`, `max_steps`, `checkpoints`, `kind`, `B`, `D`;
+the scans and `lax.while_loop` ignore `max_steps` and `checkpoints`, recorded as the
+setting's all the same; the scans run `n` steps, `scan_length` on compile rows). Rows
+are printed as they are made; the results file is written after each part.
+"""
+
+import argparse
+import os
+import pathlib
+import random
+import re
+import statistics
+import time
+
+import equinox.internal as eqxi
+import jax
+import jax.numpy as jnp
+from _common import interleaved_medians, temp_bytes, write_results
+from jax import lax
+from jax.ad_checkpoint import checkpoint_name
+
+import boundedloop as bl
+
+
+GRADIENT_CASES = [  # (n, max_steps, also boundedloop with EXTRA_CHECKPOINTS)
+    (256, 1024, False),
+    (2048, 4096, True),
+]
+GRADIENT_KINDS = ("scan", "scan_offload", "equinox", "boundedloop")
+CHECKPOINTS = 16
+EXTRA_CHECKPOINTS = 64
+COMPILE_N, COMPILE_MAX_STEPS = 256, 4096
+NO_PINNED_HOST = "no pinned_host memory on this device"
+
+
+def workload(batch, width):
+    w = jax.random.normal(jax.random.key(0), (width, width), jnp.float32) / jnp.sqrt(
+        width
+    )
+    x = jax.random.normal(jax.random.key(1), (batch, width), jnp.float32)
+    return w, x
+
+
+def has_pinned_host() -> bool:
+    return "pinned_host" in {m.kind for m in jax.devices()[0].addressable_memories()}
+
+
+def loss_fn(kind, n, max_steps, checkpoints):
+    """`(W, x, n_dyn) -> mean(y ** 2)` for the loop `kind`; the scans run `n` steps
+    (static) and ignore `n_dyn`."""
+
+    def loss(w, x, n_dyn):
+        def body(c):
+            return c[0] + 1, jnp.tanh(c[1] @ w)
+
+        def cond(c):
+            return c[0] < n_dyn
+
+        if kind == "boundedloop":
+            _, y = bl.while_loop(
+                cond, body, (0, x), max_steps=max_steps, checkpoints=checkpoints
+            )
+        elif kind == "equinox":
+            _, y = eqxi.while_loop(
+                cond,
+                body,
+                (0, x),
+                max_steps=max_steps,
+                kind="checkpointed",
+                checkpoints=checkpoints,
+            )
+        elif kind == "lax":
+            _, y = lax.while_loop(cond, body, (0, x))
+        elif kind == "scan":
+            y, _ = lax.scan(lambda y, _: (jnp.tanh(y @ w), None), x, None, length=n)
+        elif kind == "scan_offload":
+            policy = jax.checkpoint_policies.save_and_offload_only_these_names(
+                names_which_can_be_saved=[],
+                names_which_can_be_offloaded=["y"],
+                offload_src="device",
+                offload_dst="pinned_host",
+            )
+
+            def step(y, _):
+                y = checkpoint_name(y, "y")
+                return jnp.tanh(y @ w), None
+
+            y, _ = lax.scan(jax.checkpoint(step, policy=policy), x, None, length=n)
+        else:
+            raise ValueError(kind)
+        return jnp.mean(y**2)
+
+    return loss
+
+
+def _error(stage, e) -> str:
+    return f"{stage}: {type(e).__name__}: {e}"[:300]
+
+
+def _print(row):
+    print(row, flush=True)
+
+
+def gradient_rows(batch, width, rounds) -> list:
+    w, x = workload(batch, width)
+    pinned = has_pinned_host()
+    rows = []
+    for n, max_steps, extra in GRADIENT_CASES:
+        args = (w, x, jnp.int32(n))
+        entries = [(kind, CHECKPOINTS) for kind in GRADIENT_KINDS]
+        if extra:
+            entries.append(("boundedloop", EXTRA_CHECKPOINTS))
+        compiled, case_rows = {}, {}
+        for kind, checkpoints in entries:
+            key = f"{kind}, checkpoints={checkpoints}"
+            row = dict(
+                part="gradient",
+                kind=kind,
+                n=n,
+                max_steps=max_steps,
+                checkpoints=checkpoints,
+                B=batch,
+                D=width,
+            )
+            case_rows[key] = row
+            rows.append(row)
+            if kind == "scan_offload" and not pinned:
+                row["error"] = NO_PINNED_HOST
+                _print(row)
+                continue
+            stage = "trace/lower"
+            try:
+                fn = jax.grad(loss_fn(kind, n, max_steps, checkpoints))
+                t0 = time.perf_counter()
+                lowered = jax.jit(fn).trace(*args).lower()
+                t1 = time.perf_counter()
+                stage = "compile"
+                exe = lowered.compile()
+                t2 = time.perf_counter()
+                row["trace_lower_s"] = t1 - t0
+                row["compile_s"] = t2 - t1
+                row["temp_bytes"] = temp_bytes(exe)
+                host = getattr(exe.memory_analysis(), "host_temp_size_in_bytes", None)
+                if host is not None:
+                    row["host_temp_bytes"] = int(host)
+                stage = "run"
+                jax.block_until_ready(exe(*args))  # warm-up
+            except Exception as e:
+                row["error"] = _error(stage, e)
+                _print(row)
+                continue
+            compiled[key] = exe
+        if compiled:
+            times = interleaved_medians(
+                compiled, {k: args for k in compiled}, rounds=rounds
+            )
+            for key, seconds in times.items():
+                case_rows[key]["grad_s"] = seconds
+        for key in compiled:
+            _print(case_rows[key])
+        del compiled
+    return rows
+
+
+def _compile_once(kind, mode, w, x):
+    """Trace, lower and XLA-compile a fresh function; seconds of each, `while`
+    instructions and lines of the compiled (optimized) HLO."""
+    loss = loss_fn(kind, COMPILE_N, COMPILE_MAX_STEPS, CHECKPOINTS)
+    fn = jax.jit(jax.grad(loss) if mode == "grad" else loss)
+    t0 = time.perf_counter()
+    traced = fn.trace(w, x, jnp.int32(COMPILE_N))
+    t1 = time.perf_counter()
+    lowered = traced.lower()
+    t2 = time.perf_counter()
+    exe = lowered.compile()
+    t3 = time.perf_counter()
+    text = exe.as_text()
+    return dict(
+        trace_s=t1 - t0,
+        lower_s=t2 - t1,
+        xla_s=t3 - t2,
+        whiles=len(re.findall(r"\bwhile\(", text)),
+        hlo_lines=len(text.splitlines()),
+    )
+
+
+def compile_rows(batch, width, repeats) -> list:
+    w, x = workload(batch, width)
+    rows = []
+    rng = random.Random(0)
+    for mode in ("grad", "forward"):
+        kinds = ["boundedloop", "equinox", "scan"] + (
+            ["lax"] if mode == "forward" else []
+        )
+        mode_rows = {}
+        for kind in kinds:
+            row = dict(
+                part="compile",
+                mode=mode,
+                kind=kind,
+                n=COMPILE_N,
+                max_steps=COMPILE_MAX_STEPS,
+                checkpoints=CHECKPOINTS,
+                scan_length=COMPILE_N if kind == "scan" else None,
+                B=batch,
+                D=width,
+                repeats=repeats,
+            )
+            try:
+                row["warmup"] = _compile_once(kind, mode, w, x)
+                row["repetitions"] = []
+            except Exception as e:
+                row["error"] = _error("warm-up compile", e)
+            mode_rows[kind] = row
+            rows.append(row)
+        order = [k for k in kinds if "error" not in mode_rows[k]]
+        for rep in range(repeats):
+            rng.shuffle(order)
+            for kind in order:
+                row = mode_rows[kind]
+                if "error" in row:
+                    continue
+                try:
+                    figures = _compile_once(kind, mode, w, x)
+                except Exception as e:
+                    row["error"] = _error(f"repetition {rep}", e)
+                    continue
+                row["repetitions"].append(figures)
+                _print(dict(mode=mode, kind=kind, rep=rep, **figures))
+        for kind in kinds:
+            row = mode_rows[kind]
+            reps = row.get("repetitions")
+            if reps:
+                for key in ("trace_s", "lower_s", "xla_s"):
+                    row[key] = statistics.median(r[key] for r in reps)
+                for key in ("whiles", "hlo_lines"):
+                    values = sorted({r[key] for r in reps})
+                    row[key] = values[0] if len(values) == 1 else values
+            _print({k: v for k, v in row.items() if k not in ("repetitions", "warmup")})
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=512, help="B, rows of x")
+    parser.add_argument("--width", type=int, default=4096, help="D, W is D x D")
+    parser.add_argument("--rounds", type=int, default=3, help="timed gradient rounds")
+    parser.add_argument("--repeats", type=int, default=3, help="compiles per program")
+    parser.add_argument("--only", choices=["gradient", "compile", "all"], default="all")
+    parser.add_argument("--out", default=None, help="results path (.json)")
+    args = parser.parse_args()
+    platform = jax.devices()[0].platform
+    out = pathlib.Path(
+        args.out
+        or pathlib.Path(__file__).parent / "results" / f"headline_{platform}.json"
+    )
+    results = dict(
+        batch=args.batch,
+        width=args.width,
+        rounds=args.rounds,
+        repeats=args.repeats,
+        only=args.only,
+        platform=platform,
+        jax=jax.__version__,
+        xla_flags=os.environ.get("XLA_FLAGS", ""),
+        pinned_host=has_pinned_host(),
+        gradient=[],
+        compile=[],
+    )
+    print(
+        f"{platform}: {jax.devices()[0]}, B={args.batch}, D={args.width}, "
+        f"pinned_host={results['pinned_host']}",
+        flush=True,
+    )
+    if args.only in ("gradient", "all"):
+        results["gradient"] = gradient_rows(args.batch, args.width, args.rounds)
+        write_results(out, **results)
+    if args.only in ("compile", "all"):
+        results["compile"] = compile_rows(args.batch, args.width, args.repeats)
+        write_results(out, **results)
+    print("wrote", out, flush=True)
+
+
+if __name__ == "__main__":
+    main()
