@@ -13,11 +13,13 @@ from jax import lax
 
 # The float tolerances' floor on a backend other than the CPU. Tests compare ours, on
 # the default backend, with references computed on the host CPU (`on_host`), and an
-# accelerator's float32 transcendentals round differently from the host's: on a TPU
-# v5e, with matmul precision "highest" (`conftest.py`), ours and the CPU differed by up
-# to 4e-5 relative after a few steps of `tanh(W @ x + 0.1)`. A wrong answer (the
-# miscompile on the docs page "Correct on TPU") is off by 1e-1.
-ACCELERATOR_RTOL, ACCELERATOR_ATOL = 1e-4, 1e-5
+# accelerator's float32 transcendentals round differently from the host's. On a TPU
+# v5e, with matmul precision "highest" (`conftest.py`), the whole suite's gradients
+# through a few steps of `tanh` and `sin` differed from the host's by up to 3e-4
+# relative (`test_nested.py`, `test_buffer_indexing.py`, `test_forward_mode.py`;
+# largest where `1 - tanh**2` cancels). A wrong answer (the miscompile on the docs
+# page "Correct on TPU") is off by 1e-1.
+ACCELERATOR_RTOL, ACCELERATOR_ATOL = 1e-3, 1e-4
 
 
 def tree_allclose(x, y, *, rtol=1e-5, atol=1e-6) -> bool:
@@ -81,6 +83,30 @@ def on_host(fn):
             return fn(*args, **kwargs)
 
     return on_cpu
+
+
+def rounding_spread(fn, *args) -> float:
+    """How far any finite element of `fn(*args)`, computed on the host, moves when
+    every floating argument moves by one ulp, up and then down: the rounding
+    sensitivity of the quantity itself. Where another backend's rounding may take
+    another path (an adaptive solver accepting another step), a result can differ
+    from the host's by this much and be right."""
+    base = jtu.tree_leaves(on_host(fn)(*args))
+    spread = 0.0
+    for direction in (jnp.inf, -jnp.inf):
+        nudged = jtu.tree_map(
+            lambda a: (
+                jnp.nextafter(a, direction)
+                if jnp.issubdtype(jnp.result_type(a), jnp.floating)
+                else a
+            ),
+            args,
+        )
+        for a, b in zip(base, jtu.tree_leaves(on_host(fn)(*nudged))):
+            with np.errstate(invalid="ignore"):  # inf - inf, as `steps` pads with
+                moved = np.abs(np.asarray(a) - np.asarray(b))
+            spread = max(spread, float(moved[np.isfinite(moved)].max(initial=0.0)))
+    return spread
 
 
 def python_while(cond_fun, body_fun, init, max_steps):

@@ -10,7 +10,7 @@ import jax.extend.core
 import jax.numpy as jnp
 import pytest
 
-from .helpers import on_host, tree_allclose
+from .helpers import on_host, rounding_spread, tree_allclose
 
 
 diffrax = pytest.importorskip("diffrax")
@@ -78,8 +78,18 @@ CASES = [
 @pytest.mark.parametrize("saveat, solver, checkpoints", CASES)
 def test_reverse_mode_matches_recursive_checkpoint_adjoint(saveat, solver, checkpoints):
     ours = _grad(CheckpointedAdjoint(checkpoints), saveat, solver)(Y0, ARGS)
-    expected = on_host(_grad(RCA, saveat, solver))(Y0, ARGS)
-    assert tree_allclose(ours, expected, rtol=1e-4)
+    reference = _grad(RCA, saveat, solver)
+    expected = on_host(reference)(Y0, ARGS)
+    # On another backend the adaptive controller can accept other steps, and the
+    # gradient of every step's output (`steps`) moves by 0.027 (about 1%) when `Y0`
+    # and `ARGS` move by one ulp on the CPU itself: allow twice the reference's own
+    # spread (the other saves move by at most 4e-4)
+    tol = (
+        {}
+        if jax.default_backend() == "cpu"
+        else {"atol": 2 * rounding_spread(reference, Y0, ARGS)}
+    )
+    assert tree_allclose(ours, expected, rtol=1e-4, **tol)
 
 
 def test_max_steps_none_and_vmap():

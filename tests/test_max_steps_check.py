@@ -1,6 +1,7 @@
 """`bl.max_steps_check`: an opt-in error when a loop runs out of steps."""
 
 import functools
+import re
 
 import equinox as eqx
 import jax
@@ -255,5 +256,15 @@ def test_the_message_comes_first(jit, caplog):
     assert "CpuCallback" not in message and "filter_jit" not in message
     if jit == "jax.jit":  # the same type as before, for code that catches it
         assert isinstance(info.value, jax.errors.JaxRuntimeError)
-    # nor is it printed before, by JAX's log of the failed callback
-    assert not [r for r in caplog.records if "callback failed" in r.getMessage()]
+    # nor is it printed before, by JAX's log of the failed callback. (On a TPU,
+    # whose runtime raises no callback's error, Equinox's second callback shows the
+    # message through `input`, which fails under pytest's capture: that failure is
+    # logged, without our message.)
+    assert not [r for r in caplog.records if _logs_our_error(r)]
+
+
+def _logs_our_error(record) -> bool:
+    error = record.exc_info[1] if record.exc_info else None
+    return "callback failed" in record.getMessage() and bool(
+        re.search(MESSAGE, str(error))
+    )
