@@ -290,6 +290,7 @@ def main():
         repeats=args.repeats,
         only=args.only,
         platform=platform,
+        device_kind=jax.devices()[0].device_kind,
         jax=jax.__version__,
         xla_flags=os.environ.get("XLA_FLAGS", ""),
         pinned_host=has_pinned_host(),

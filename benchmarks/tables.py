@@ -937,6 +937,154 @@ def tpu_fuzz_table() -> str:
 # --- all of them ----------------------------------------------------------------
 
 # docs/generated/<name>.md for each name
+# --- the accelerator's headline: a tape that does not fit (headline.py) --------
+
+HEADLINE_KINDS = {
+    "scan": "`lax.scan`, every step stored",
+    "scan_offload": "`lax.scan`, steps offloaded to host memory",
+    "equinox": "equinox checkpointed",
+    "boundedloop": "`bl.while_loop`",
+}
+
+
+def _headline(platform: str):
+    run = _json(f"headline_{platform}.json")
+    return run, f"one {run['device_kind']} chip"
+
+
+def _headline_cell(row) -> str:
+    """Time per gradient and compiled temporary memory, or why there is none."""
+    if "error" in row:
+        needed = re.search(
+            r"\((\d+\.?\d*)G\) exceeds available HBM \((\d+\.?\d*)G\)", row["error"]
+        )
+        if needed:
+            return f"does not fit: needs {needed[1]} GB of {needed[2]} GB"
+        return "failed: " + row["error"].split(":")[0]
+    cell = f"{milliseconds(row['grad_s'] * 1e3)}, {nbytes(row['temp_bytes'])}"
+    if row.get("host_temp_bytes"):
+        cell += f" + {nbytes(row['host_temp_bytes'])} on host"
+    return cell
+
+
+def headline_table(platform: str = "tpu") -> str:
+    """The gradient whose store-every-step tape does not fit in the accelerator's
+    memory, four ways: time and memory at two trip counts (README, performance
+    page)."""
+    run, device = _headline(platform)
+    rows = [r for r in run["gradient"]]
+    cases = sorted({(r["n"], r["max_steps"]) for r in rows})
+    out = []
+    for kind, label in HEADLINE_KINDS.items():
+        for checkpoints in sorted(
+            {r["checkpoints"] for r in rows if r["kind"] == kind}
+        ):
+            cells = {
+                (r["n"], r["max_steps"]): r
+                for r in rows
+                if r["kind"] == kind and r["checkpoints"] == checkpoints
+            }
+            name = (
+                label
+                if kind.startswith("scan")
+                else f"{label}, {checkpoints} checkpoints"
+            )
+            out.append(
+                [
+                    name,
+                    *(_headline_cell(cells[c]) if c in cells else "-" for c in cases),
+                ]
+            )
+    by = {(r["kind"], r["n"], r["checkpoints"]): r for r in rows if "error" not in r}
+    n_small, n_large = cases[0][0], cases[-1][0]
+    ours, eqx, off = (
+        by[(k, n_large, 16)] for k in ("boundedloop", "equinox", "scan_offload")
+    )
+    return _text(
+        [
+            f"On {device} (JAX {run['jax']}): the gradient with respect to `W` of "
+            f"`x <- tanh(x @ W)` on a float32 state of {run['batch']} x {run['width']}, "
+            "stopping when a counter reaches a traced `n`. Time per gradient (median "
+            f"of {run['rounds']} interleaved rounds after warm-up) and the compiled "
+            "program's temporary memory (`benchmarks/headline.py`, "
+            f"`benchmarks/results/headline_{platform}.json`); `lax.scan` runs exactly "
+            "`n` steps, known when it is traced:",
+            "",
+            *_table(
+                ["gradient", *(f"`n={n}`, `max_steps={m}`" for n, m in cases)],
+                out,
+                ["---", *("---:" for _ in cases)],
+            ),
+            "",
+            f"At `n={n_large}` ours takes {ours['grad_s'] / eqx['grad_s']:.2f} times "
+            f"equinox's time in {eqx['temp_bytes'] / ours['temp_bytes']:.1f} times less "
+            f"memory, and {ours['grad_s'] / off['grad_s']:.2f} times the offloading "
+            f"scan's time with no host memory; at `n={n_small}`, "
+            f"{by[('boundedloop', n_small, 16)]['grad_s'] / by[('equinox', n_small, 16)]['grad_s']:.2f} "
+            "times equinox's.",
+        ]
+    )
+
+
+COMPILE_KINDS = {
+    "boundedloop": "`bl.while_loop`",
+    "equinox": "equinox checkpointed",
+    "lax": "`lax.while_loop`",
+    "scan": "`lax.scan`",
+}
+
+
+def compile_table(platform: str = "tpu") -> str:
+    """Trace, lower and XLA compile of the headline's programs, gradient and forward
+    only, with the while loops in the compiled program (performance page)."""
+    run, device = _headline(platform)
+    rows = {(r["mode"], r["kind"]): r for r in run["compile"]}
+    base = {"grad": "equinox", "forward": "lax"}
+    out = []
+    for mode in ("grad", "forward"):
+        for kind, label in COMPILE_KINDS.items():
+            r = rows.get((mode, kind))
+            if r is None:
+                continue
+            ratio = r["xla_s"] / rows[(mode, base[mode])]["xla_s"]
+            name = label + (f" ({r['scan_length']} steps)" if r["scan_length"] else "")
+            out.append(
+                [
+                    "gradient" if mode == "grad" else "forward",
+                    name,
+                    f"{r['xla_s']:.2f} s",
+                    f"{ratio:.2f}",
+                    f"{r['trace_s'] + r['lower_s']:.2f} s",
+                    r["whiles"],
+                    r["hlo_lines"],
+                ]
+            )
+    any_row = run["compile"][0]
+    return _text(
+        [
+            f"On {device}: the headline's program at `n={any_row['n']}`, "
+            f"`max_steps={any_row['max_steps']}`, {any_row['checkpoints']} checkpoints; "
+            f"medians of {run['repeats']} alternating repetitions after a warm-up "
+            "compile of each. Ratio: XLA compile time over equinox's for the "
+            "gradient, over `lax.while_loop`'s for the forward pass.",
+            "",
+            *_table(
+                [
+                    "program",
+                    "loop",
+                    "XLA compile",
+                    "ratio",
+                    "trace + lower",
+                    "while loops",
+                    "HLO lines",
+                ],
+                out,
+                ["---", "---", "---:", "---:", "---:", "---:", "---:"],
+            ),
+        ]
+    )
+
+
 GENERATORS = {
     "repetitions": repetitions_table,
     "while_loop": while_loop_table,
@@ -961,6 +1109,9 @@ GENERATORS = {
     "correct_on_tpu": lambda: correct_on_tpu_table("tpu"),
     "correct_on_cpu": lambda: correct_on_tpu_table("cpu"),
     "tpu_fuzz": tpu_fuzz_table,
+    "headline_tpu": headline_table,
+    "compile_tpu": compile_table,
+    "diffrax_neural_tpu": lambda: diffrax_table("neural_tpu"),
 }
 
 
