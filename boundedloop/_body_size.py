@@ -15,6 +15,13 @@ SMALL_BODY = 64
 # so is one whose equations produce at most this many elements each on average (a
 # dot counting its multiply-adds): its steps cost per operation, as the control does
 LIGHT_WORK = 16
+# but not one whose step does at least this much work in all, however few its
+# equations: the nested loops save a roughly fixed time per step. On a CPU, without
+# them the gradient takes 1.5 times as long at a `work` of 2**11 a step, 1.09 at
+# 2**17, 1.01 to 1.04 at 2**18 and 2**19, and no longer at 2**20 and 2**23 (0.97,
+# 1.01), where each loop is only one more for XLA to compile
+# (`benchmarks/results/cheap_threshold.txt`)
+HEAVY_WORK = 2**20
 
 
 def equations(jaxpr) -> int:
@@ -42,7 +49,8 @@ def work(jaxpr) -> int:
 
 
 def is_cheap(body) -> bool:
-    """Whether the traced (closure-converted) `body`'s steps are cheap: at most
-    `SMALL_BODY` equations, or at most `LIGHT_WORK` elements per equation."""
-    n = equations(body.jaxpr)
-    return n <= SMALL_BODY or work(body.jaxpr) <= LIGHT_WORK * n
+    """Whether the traced (closure-converted) `body`'s steps are cheap: less than
+    `HEAVY_WORK` in all, and at most `SMALL_BODY` equations or at most `LIGHT_WORK`
+    elements per equation."""
+    n, total = equations(body.jaxpr), work(body.jaxpr)
+    return total < HEAVY_WORK and (n <= SMALL_BODY or total <= LIGHT_WORK * n)

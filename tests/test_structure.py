@@ -243,7 +243,8 @@ def test_named_scopes_in_the_body_survive():
 
 def test_which_steps_count_as_cheap():
     """`_body_size.is_cheap`: few equations, or many on few elements each (a
-    solver's scalar bookkeeping) are cheap; many on large arrays are not."""
+    solver's scalar bookkeeping) are cheap; many on large arrays are not, nor a few
+    that do much work (a large matrix product)."""
 
     def body_of(step, init):
         return trace_loop(lambda c: c[1] < 3, step, init, None, name="test").body
@@ -260,6 +261,10 @@ def test_which_steps_count_as_cheap():
     assert _body_size.is_cheap(small)
     assert _body_size.is_cheap(scalars)
     assert not _body_size.is_cheap(wide)
+    w = jnp.ones((512, 512))  # 4 * 512**2 multiply-adds a step, in 3 equations
+    matmul = body_of(lambda c: (jnp.tanh(c[0] @ w), c[1] + 1), (jnp.ones((4, 512)), 0))
+    assert _body_size.equations(matmul.jaxpr) <= _body_size.SMALL_BODY
+    assert not _body_size.is_cheap(matmul)
 
 
 def _carries(jaxpr, phase):
