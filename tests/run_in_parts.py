@@ -1,0 +1,104 @@
+"""Run the suite in parts that each end within a time limit, resuming where the last
+part stopped: for hosts that hold a machine for a few minutes at a time (an
+accelerator lent by the call) and a suite that takes longer there.
+
+    python tests/run_in_parts.py --seconds 540 --state suite.json [pytest arguments]
+
+from the project's root, where pytest finds its configuration. The first call
+collects the tests (with the pytest arguments given, e.g. files or `-m`) into
+`--state`; each call then runs the tests not yet run, by name, in one process
+(`-n 0`: one process at a time can hold a TPU), with `-v`, and interrupts pytest
+(as Ctrl-C does) when `--seconds` have passed. The outcome of each test that
+finished is kept in the state file, and the next call goes on from there. A test cut
+off mid-run is run again from its start. Each call prints the counts so far and the
+failures' names. Exits 0 when every test has run and none failed, 1 when one
+failed (the outcome line says which), 2 when tests are left to run.
+"""
+
+import argparse
+import json
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+
+OUTCOME = re.compile(r"^(\S+\.py::.+?) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+FAILING = {"FAILED", "ERROR", "XPASS"}
+
+
+def collect(pytest_args: list[str]) -> list[str]:
+    """The node ids pytest collects with `pytest_args`."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0"]
+        + ["-p", "no:cacheprovider", *pytest_args],
+        capture_output=True,
+        text=True,
+    )
+    ids = [line for line in result.stdout.splitlines() if "::" in line]
+    if result.returncode != 0 or not ids:
+        sys.exit(f"collection failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
+    return ids
+
+
+def run_part(ids: list[str], seconds: float) -> dict:
+    """Runs `ids` until they end or `seconds` pass; the outcome of each that ended."""
+    command = [sys.executable, "-m", "pytest", "-n", "0", "-p", "no:cacheprovider"]
+    process = subprocess.Popen(
+        [*command, "-v", "--tb=short", *ids],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    outcomes = {}
+
+    def read():
+        for line in process.stdout:
+            sys.stdout.write(line)
+            found = OUTCOME.match(line)
+            if found:
+                outcomes[found[1]] = found[2]
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        process.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGINT)  # pytest reports, then stops
+        process.wait()
+    reader.join()
+    return outcomes
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, required=True)
+    parser.add_argument("--state", required=True)
+    args, pytest_args = parser.parse_known_args()
+    state_path = pathlib.Path(args.state)
+    if state_path.exists():
+        state = json.loads(state_path.read_text())
+    else:
+        state = {"tests": collect(pytest_args), "outcomes": {}}
+        time.sleep(5)  # a TPU may refuse a process that starts just as one ends
+    pending = [t for t in state["tests"] if t not in state["outcomes"]]
+    if pending:
+        state["outcomes"].update(run_part(pending, args.seconds))
+        state_path.write_text(json.dumps(state, indent=1))
+    outcomes = state["outcomes"]
+    left = [t for t in state["tests"] if t not in outcomes]
+    counts = {}
+    for outcome in outcomes.values():
+        counts[outcome] = counts.get(outcome, 0) + 1
+    failed = sorted(t for t, o in outcomes.items() if o in FAILING)
+    print(f"\nrun in parts: {counts}, {len(left)} of {len(state['tests'])} left")
+    for test in failed:
+        print(f"{outcomes[test]} {test}")
+    sys.exit(1 if failed else 2 if left else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""`tests/run_in_parts.py`: a part stopped by its time limit keeps the outcomes of
+the tests that ended, and the next part runs the rest."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+
+RUNNER = pathlib.Path(__file__).parent / "run_in_parts.py"
+
+SUITE = """
+import pathlib, time
+
+def test_passes():
+    pass
+
+def test_held():  # runs while the file `hold` is there (at most a minute)
+    hold = pathlib.Path(__file__).parent / "hold"
+    for _ in range(600):
+        if not hold.exists():
+            break
+        time.sleep(0.1)
+
+def test_fails():
+    assert False
+"""
+
+
+def _part(tmp_path, seconds):
+    return subprocess.run(
+        [sys.executable, str(RUNNER), "--seconds", str(seconds)]
+        + ["--state", "state.json", "test_tiny.py"],
+        capture_output=True,
+        cwd=tmp_path,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_part_cut_off_resumes_where_it_stopped(tmp_path):
+    (tmp_path / "test_tiny.py").write_text(SUITE)
+    (tmp_path / "hold").touch()
+    first = _part(tmp_path, 6)
+    assert first.returncode == 2, first.stdout[-2000:]  # tests left
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert len(state["tests"]) == 3
+    assert list(state["outcomes"].values()) == ["PASSED"]  # the held one was cut
+    (tmp_path / "hold").unlink()
+    second = _part(tmp_path, 60)
+    assert second.returncode == 1, second.stdout[-2000:]  # one failed
+    outcomes = json.loads((tmp_path / "state.json").read_text())["outcomes"]
+    assert sorted(outcomes.values()) == ["FAILED", "PASSED", "PASSED"]
+    last = second.stdout.splitlines()[-1]
+    assert last.startswith("FAILED") and "test_fails" in last
