@@ -14,6 +14,7 @@ import jax
 import jax.extend.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
+import numpy as np
 from jax.interpreters import ad, batching, mlir
 
 
@@ -160,3 +161,13 @@ mlir.register_lowering(
     select_if_batched_p,
     mlir.lower_fun(_select_if_batched_impl, multiple_results=True),
 )
+
+
+def sum_unbatched(ct, axis):
+    """The cotangent of an operand without a batch axis (`axis` None), from a
+    batched one: the sum over the batch (`float0` stays zero)."""
+    if axis == 0:
+        return ct
+    if ct.dtype == jax.dtypes.float0:
+        return np.zeros(ct.shape[1:], jax.dtypes.float0)
+    return jnp.sum(ct, axis=0)

@@ -21,6 +21,12 @@ import numpy as np
 from ._jax_private import weakly_typed
 
 
+def is_inexact(x) -> bool:
+    """Whether `x` (an array, a tracer or an abstract value) is floating or complex:
+    what has tangents and cotangents."""
+    return jnp.issubdtype(x.dtype, jnp.inexact)
+
+
 def is_extended(dtype) -> bool:
     """Whether `dtype` is one of JAX's extended dtypes (e.g. a typed PRNG key's
     `key<fry>`), which NumPy cannot interpret and which never promote."""

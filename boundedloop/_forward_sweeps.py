@@ -18,8 +18,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
-from . import _progress, _tape
+from . import _checkpoint_store, _progress
 from ._batching import any_across_batch, select_if_batched
+from ._checkpoint_store import CheckpointStore
 from ._checks import (
     check_stopped,
     gather_violations,
@@ -29,7 +30,6 @@ from ._checks import (
 from ._shard_map import varying_while_loop
 from ._step import advance
 from ._store_rules import store_rule
-from ._tape import Tape
 from ._trace import LoopConfig, TracedLoop
 
 
@@ -100,22 +100,10 @@ def plain_sweep(loop: TracedLoop, config: LoopConfig):
         _progress.done(meter, t)
         return _finish(loop, config, (final, ()))
 
-    def masked_cond(state):
-        t, x, bufs, written = state
-        going = any_across_batch(_going_on(loop, x, bufs, written))
-        return jnp.logical_and(_within(t, max_steps), going)
-
-    def masked_step(state):
-        t, x, bufs, written = state
-        active = _active(loop, x, bufs, written)
-        new_x, bufs, new = advance(body, loop.layout, x, bufs, active, written)
-        x = select_if_batched(active, new_x, x)
-        _progress.tick(meter, t + 1)
-        return t + 1, x, bufs, gather_violations(written, new)
-
+    going, step = _stepping(loop, body, max_steps, meter)
     written = None if loop.checked_body is None else _masks(loop.bufs)
-    state = (jnp.array(0, jnp.int32), loop.init, loop.bufs, written)
-    t, x, bufs, written = varying_while_loop(masked_cond, masked_step, state)
+    state = (jnp.array(0, jnp.int32), loop.init, loop.bufs, written, None)
+    t, x, bufs, written, _ = varying_while_loop(going, step, state)
     _progress.done(meter, t)
     return _finish(loop, config, raise_violations_after(written, (x, bufs)))
 
@@ -123,7 +111,7 @@ def plain_sweep(loop: TracedLoop, config: LoopConfig):
 class _Stores(NamedTuple):
     """The checkpointed forward's store bookkeeping, carried next to the step's."""
 
-    storage: _tape.Storage  # a row per slot
+    storage: _checkpoint_store.Storage  # a row per slot
     positions: Int[Array, " slots"]  # the step whose state each slot holds
     rule: Any  # the store rule's state (see `_store_rules`)
     stop: Int[Array, ""]  # the step of the next store event
@@ -134,7 +122,7 @@ def _first_store(rule, x0, stores: _Stores) -> _Stores:
     reverse sweep then reads nothing), and the rule's first event."""
     state = rule.initial()
     return stores._replace(
-        storage=_tape.store(stores.storage, 0, x0),
+        storage=_checkpoint_store.store(stores.storage, 0, x0),
         positions=stores.positions.at[0].set(0),
         rule=state,
         stop=rule.first_stop(state),
@@ -148,7 +136,7 @@ def _store_event(rule, t, x, stores: _Stores, going) -> _Stores:
     when = jnp.logical_and(decision.store, going)
     slot, positions = decision.slot, stores.positions
     return _Stores(
-        storage=_tape.store(stores.storage, slot, x, when),
+        storage=_checkpoint_store.store(stores.storage, slot, x, when),
         # a slot in use is counted once, after the loop: a second read of
         # `positions` here made XLA copy it at every store event, and the loop too
         # large for XLA's CPU backend to compile it into one kernel (2.9x slower
@@ -162,8 +150,8 @@ def _store_event(rule, t, x, stores: _Stores, going) -> _Stores:
 def _initial_stores(loop: TracedLoop, slots: int, perturbed=None) -> _Stores:
     """Empty storage; the rule's state comes with the first store."""
     return _Stores(
-        _tape.empty(loop.init, slots, perturbed),
-        jnp.full((slots,), _tape.UNUSED, jnp.int32),
+        _checkpoint_store.empty(loop.init, slots, perturbed),
+        jnp.full((slots,), _checkpoint_store.UNUSED, jnp.int32),
         None,
         jnp.array(0, jnp.int32),
     )
@@ -171,7 +159,8 @@ def _initial_stores(loop: TracedLoop, slots: int, perturbed=None) -> _Stores:
 
 def _stepping(loop: TracedLoop, body, max_steps, meter):
     """`(going, step)` on `(t, x, bufs, written, trips)`: whether the loop goes
-    on, and one masked step, counting each element's trips."""
+    on, and one masked step, counting each element's trips (unless `trips` is
+    `None`)."""
 
     def going(stepping):
         t, x, bufs, written, _ = stepping
@@ -183,7 +172,8 @@ def _stepping(loop: TracedLoop, body, max_steps, meter):
         active = _active(loop, x, bufs, written)
         new_x, bufs, new = advance(body, loop.layout, x, bufs, active, written)
         x = select_if_batched(active, new_x, x)
-        trips = trips + active.astype(jnp.int32)
+        if trips is not None:
+            trips = trips + active.astype(jnp.int32)
         _progress.tick(meter, t + 1)
         return t + 1, x, bufs, gather_violations(written, new), trips
 
@@ -202,11 +192,11 @@ def checkpointed_sweep(loop: TracedLoop, config: LoopConfig, perturbed=None):
     step stored), one loop that stores each step.
 
     `perturbed`, optional, one bool per carry leaf, lets the storage pack floating
-    scalars by whether they are perturbed (see `_tape.empty`).
+    scalars by whether they are perturbed (see `_checkpoint_store.empty`).
 
     **Returns:**
 
-    `((x, bufs), tape)`: the final arrays (equal to `plain_sweep`'s) and the `Tape`.
+    `((x, bufs), tape)`: the final arrays (equal to `plain_sweep`'s) and the `CheckpointStore`.
     """
     body = _body(loop)
     max_steps, slots = config.max_steps, config.checkpoints
@@ -220,7 +210,7 @@ def checkpointed_sweep(loop: TracedLoop, config: LoopConfig, perturbed=None):
         stepping, stores = state
         t, x = stepping[:2]  # slot t holds x_t
         return step(stepping), stores._replace(
-            storage=_tape.store(stores.storage, t, x)
+            storage=_checkpoint_store.store(stores.storage, t, x)
         )
 
     def steps_then_store(state):
@@ -247,19 +237,21 @@ def checkpointed_sweep(loop: TracedLoop, config: LoopConfig, perturbed=None):
     length, x, bufs, written, trips = stepping
     _progress.done(meter, length)
     positions = stores.positions
-    used = jnp.sum(positions != _tape.UNUSED, dtype=jnp.int32)
+    used = jnp.sum(positions != _checkpoint_store.UNUSED, dtype=jnp.int32)
     if rule is None:
         steps = jnp.arange(slots, dtype=jnp.int32)
-        positions = jnp.where(steps < length, steps, _tape.UNUSED)
+        positions = jnp.where(steps < length, steps, _checkpoint_store.UNUSED)
         used = jnp.minimum(length, slots)
     # the checks travel with the trip count too, which every backward pass reads
     tree = raise_violations_after(written, (x, bufs, length))
     x, bufs, length = _finish(loop, config, tree)
-    return (x, bufs), Tape(stores.storage, positions, used, trips, length, bufs)
+    return (x, bufs), CheckpointStore(
+        stores.storage, positions, used, trips, length, bufs
+    )
 
 
 @jax.named_scope("boundedloop_replay")
-def replay_sweep(body, layout, x, bufs, tape: Tape):
+def replay_sweep(body, layout, x, bufs, tape: CheckpointStore):
     """The steps a checkpointed sweep took, again, from `x` and `bufs`.
 
     The replay runs `tape.length` iterations and each element steps while its own

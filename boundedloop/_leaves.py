@@ -39,10 +39,6 @@ class Residuals:
         return self.treedef.flatten_up_to(arrays)
 
 
-def inexact_array(x) -> bool:
-    return eqx.is_array(x) and jnp.issubdtype(x.dtype, jnp.inexact)
-
-
 def zero_ct(x):
     """A zero cotangent for `x` (`float0` for integers; `x` may be a constant that
     tracing left a Python scalar)."""

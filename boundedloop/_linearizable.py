@@ -12,9 +12,10 @@ from collections.abc import Callable
 import jax
 from jax.custom_derivatives import SymbolicZero
 
+from ._dtypes import is_inexact
 from ._jax_private import closed_jaxpr, jvp_jaxpr
 from ._leaves import jvp_at
-from ._loop_jvp import is_inexact, loop_jvp, Passes, Spec
+from ._loop_jvp import loop_jvp, Passes, Spec
 from ._loop_tangent import loop_tangent, THIRD_ORDER_REVERSE
 
 

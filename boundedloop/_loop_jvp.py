@@ -34,6 +34,8 @@ import numpy as np
 from jax.dtypes import float0
 from jax.interpreters import ad, batching, mlir
 
+from ._batching import sum_unbatched
+from ._dtypes import is_inexact
 from ._jax_private import (
     batch_jaxpr,
     closed_call_p,
@@ -176,10 +178,6 @@ def _loop_jvp_partial_eval_custom(saveable, unks_in, inst_in, eqn):
     )
     rule = partial_eval_jaxpr_custom_rules[closed_call_p]
     return rule(saveable, unks_in, inst_in, _as_closed_call(eqn, pick))
-
-
-def is_inexact(aval) -> bool:
-    return jnp.issubdtype(aval.dtype, jnp.inexact)
 
 
 def _lift(fn, spec: Spec, nonzero):
@@ -344,19 +342,11 @@ def _batched_reverse_of_jvp(reverse_of_jvp, in_axes, out_axes, size):
         ]
         ct_p, ct_t = per_element(primals, tangents, cts)
         return (
-            [_sum_if_unbatched(c, a) for c, a in zip(ct_p, in_axes[0])],
-            [_sum_if_unbatched(c, a) for c, a in zip(ct_t, in_axes[1])],
+            [sum_unbatched(c, a) for c, a in zip(ct_p, in_axes[0])],
+            [sum_unbatched(c, a) for c, a in zip(ct_t, in_axes[1])],
         )
 
     return batched
-
-
-def _sum_if_unbatched(ct, axis):
-    if axis == 0:
-        return ct
-    if ct.dtype == float0:
-        return np.zeros(ct.shape[1:], float0)
-    return jnp.sum(ct, axis=0)
 
 
 def _loop_jvp_batch(axis_data, args, dims, *, spec):

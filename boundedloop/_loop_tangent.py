@@ -28,9 +28,10 @@ import jax
 import jax.extend.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
-import numpy as np
 from jax.interpreters import ad, batching, mlir
 
+from ._batching import sum_unbatched
+from ._dtypes import is_inexact
 from ._forward_sweeps import replay_sweep
 from ._shard_map import sum_over_devices, vary_everywhere
 
@@ -101,7 +102,7 @@ def _loop_tangent_batch(
 
         def batched_hvp(residuals, linear, cts):
             cts_res = per_element_hvp(residuals, linear, cts)
-            return [_sum_unbatched(c, a) for c, a in zip(cts_res, res_axes)]
+            return [sum_unbatched(c, a) for c, a in zip(cts_res, res_axes)]
 
     out_avals = tuple(jax.extend.core.unmapped_aval(size, 0, a) for a in out_avals)
     out = loop_tangent_p.bind(
@@ -116,15 +117,6 @@ def _loop_tangent_batch(
     return out, [0] * len(out)
 
 
-def _sum_unbatched(ct, axis):
-    """The cotangent of an operand without a batch axis: the sum over elements."""
-    if axis == 0:
-        return ct
-    if ct.dtype == jax.dtypes.float0:
-        return np.zeros(ct.shape[1:], jax.dtypes.float0)
-    return jnp.sum(ct, axis=0)
-
-
 def _loop_tangent_jvp(primals, tangents, **params):
     n_res, jvp_fn, out_avals = params["n_res"], params["jvp_fn"], params["out_avals"]
     out = loop_tangent_p.bind(*primals, **params)
@@ -137,8 +129,7 @@ def _loop_tangent_jvp(primals, tangents, **params):
         parts.append(loop_tangent_p.bind(*residuals, *d_lin, **params))
     # through the residuals: forward over forward, on the floating ones
     floating = [
-        jnp.issubdtype(r.dtype, jnp.inexact) and type(t) is not ad.Zero
-        for r, t in zip(residuals, d_res)
+        is_inexact(r) and type(t) is not ad.Zero for r, t in zip(residuals, d_res)
     ]
     if any(floating):
 
@@ -197,7 +188,7 @@ def replay_tangent(primals, wanted, t_in, layout):
     **Arguments:**
 
     - `primals`: `(body, x, tape)`, the traced body, the initial carry and the
-        checkpointed sweep's `Tape`.
+        checkpointed sweep's `CheckpointStore`.
     - `wanted`: bools shaped like `(body, x, bufs)`: which leaves have tangents.
     - `t_in`: those tangents, flat.
     - `layout`: the carry's `Layout`.

@@ -15,10 +15,10 @@ Dependence is read off the body's JVP with symbolic zeros (`jvp_jaxpr`, as
 from typing import NamedTuple
 
 import jax.extend.core
-import jax.numpy as jnp
 import jax.tree_util as jtu
 
 from ._closure import ClosureConverted
+from ._dtypes import is_inexact
 from ._jax_private import convert_constvars_jaxpr, dce_jaxpr, jvp_jaxpr
 from ._trace import Layout
 
@@ -28,10 +28,6 @@ class Perturbed(NamedTuple):
 
     x: tuple[bool, ...]
     bufs: tuple[bool, ...]
-
-
-def _floating(v) -> bool:
-    return jnp.issubdtype(v.dtype, jnp.inexact)
 
 
 def perturbed_leaves(
@@ -52,17 +48,17 @@ def perturbed_leaves(
     n_consts, n_x, n_bufs = len(consts), len(initial.x), len(initial.bufs)
     x_avals = in_avals[n_consts : n_consts + n_x]
     buf_avals = in_avals[n_consts + n_x : n_consts + n_x + n_bufs]
-    x = [p and _floating(a) for p, a in zip(initial.x, x_avals)]
-    bufs = [p and _floating(a) for p, a in zip(initial.bufs, buf_avals)]
+    x = [p and is_inexact(a) for p, a in zip(initial.x, x_avals)]
+    bufs = [p and is_inexact(a) for p, a in zip(initial.bufs, buf_avals)]
     n_rest = len(in_avals) - n_consts - n_x - n_bufs - len(layout.read_leaves)
     while True:
         reads = [bufs[leaf] for leaf in layout.read_leaves]
         nonzeros = list(consts) + x + bufs + reads + [False] * n_rest
         _, out = jvp_jaxpr(closed, nonzeros, instantiate=False)
-        new_x = [a or (b and _floating(v)) for a, b, v in zip(x, out, x_avals)]
+        new_x = [a or (b and is_inexact(v)) for a, b, v in zip(x, out, x_avals)]
         out_bufs = out[n_x : n_x + n_bufs]
         new_bufs = [
-            a or (b and _floating(v)) for a, b, v in zip(bufs, out_bufs, buf_avals)
+            a or (b and is_inexact(v)) for a, b, v in zip(bufs, out_bufs, buf_avals)
         ]
         if new_x == x and new_bufs == bufs:
             return Perturbed(tuple(x), tuple(bufs))

@@ -23,12 +23,12 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, Int
 
-from . import _body_size, _tape
+from . import _body_size, _checkpoint_store
 from ._batching import select_if_batched
+from ._checkpoint_store import CheckpointStore
 from ._schedule import binomial_table
 from ._shard_map import varying_while_loop
 from ._step import ReversibleStep
-from ._tape import Tape
 from ._trace import LoopConfig
 
 
@@ -67,7 +67,7 @@ class Stack(NamedTuple):
 
     depth: Int[Array, ""]  # slots in use
     order_pos: Int[Array, " slots"]  # the position of `order[j]`'s state
-    storage: _tape.Storage  # a row per slot
+    storage: _checkpoint_store.Storage  # a row per slot
 
 
 class Recompute(NamedTuple):
@@ -84,7 +84,7 @@ class Sweep(NamedTuple):
     """The constants of one loop's reverse sweep, which its functions share."""
 
     step: ReversibleStep
-    tape: Tape
+    tape: CheckpointStore
     ct_final: tuple  # the final carry's cotangent
     slots: int  # checkpoints
     split: Callable  # `split_rule`'s function, for these slots
@@ -97,7 +97,9 @@ class Sweep(NamedTuple):
     order: Int[Array, " slots"]  # their slots, in the same order
 
 
-def make_sweep(step: ReversibleStep, tape: Tape, ct_final, config: LoopConfig) -> Sweep:
+def make_sweep(
+    step: ReversibleStep, tape: CheckpointStore, ct_final, config: LoopConfig
+) -> Sweep:
     """The constants of the reverse sweep of the loop recorded in `tape`."""
     # the checkpoints by position (unused slots sort last), and their slots
     slots = jnp.arange(config.checkpoints, dtype=jnp.int32)
@@ -175,7 +177,7 @@ def push(sw: Sweep, state: Recompute, find_target: bool = True, when=True) -> Re
     (a scalar) is true."""
     depth, order_pos, storage = state.stack
     free = jnp.minimum(depth, sw.slots - 1)
-    storage = _tape.store(storage, sw.order[free], state.x, when)
+    storage = _checkpoint_store.store(storage, sw.order[free], state.x, when)
     i = state.i if when is True else jnp.where(when, state.i, order_pos[free])
     order_pos = order_pos.at[free].set(i)
     grown = depth + (1 if when is True else jnp.asarray(when).astype(jnp.int32))
@@ -202,7 +204,7 @@ def recompute(sw: Sweep, end, stack: Stack) -> Recompute:
     is masked in a loop of cheap steps."""
     top = jnp.maximum(stack.depth - 1, 0)
     i = stack.order_pos[top]
-    x = _tape.load(stack.storage, sw.order[top])
+    x = _checkpoint_store.load(stack.storage, sw.order[top])
     state = Recompute(i, end, next_target(sw, i, end, top + 1), stack, x)
     if not sw.fast:
         return varying_while_loop(

@@ -35,12 +35,12 @@ import jax.tree_util as jtu
 from jax import lax
 from jaxtyping import Array, Int
 
-from . import _tape
+from . import _checkpoint_store
 from ._batching import select_if_batched
+from ._checkpoint_store import CheckpointStore
 from ._recompute import initial_stack, make_sweep, recompute, Stack, Sweep
 from ._shard_map import varying_while_loop
 from ._step import ReversibleStep
-from ._tape import Tape
 from ._trace import LoopConfig
 
 
@@ -126,7 +126,7 @@ def reverse_step(sw: Sweep, state: ReverseState, i, x) -> ReverseState:
 def reverse_stored(sw: Sweep, state: ReverseState) -> ReverseState:
     """Every step whose input is stored: nothing is stored, all is reversed."""
     i = state.end - 1
-    return reverse_step(sw, state, i, _tape.load(sw.tape.storage, i))
+    return reverse_step(sw, state, i, _checkpoint_store.load(sw.tape.storage, i))
 
 
 def reverse_segment(sw: Sweep, state: ReverseState) -> ReverseState:
@@ -144,7 +144,7 @@ def reverse_segment(sw: Sweep, state: ReverseState) -> ReverseState:
         # here rather than carried, so the carry is never overwritten while
         # the step still reads it)
         i = jnp.where(first, recomputed.i, order_pos[top])
-        stored = _tape.load(storage, sw.order[top])
+        stored = _checkpoint_store.load(storage, sw.order[top])
         x = jtu.tree_map(lambda r, s: jnp.where(first, r, s), recomputed.x, stored)
         state = reverse_step(sw, state, i, x)
         # drop the top checkpoint once its segment is done
@@ -180,14 +180,14 @@ def _steps_left(state: ReverseState):
 
 @jax.named_scope("boundedloop_reverse")
 def reverse_sweep(
-    step: ReversibleStep, tape: Tape, ct_final, ct_bufs, config: LoopConfig
+    step: ReversibleStep, tape: CheckpointStore, ct_final, ct_bufs, config: LoopConfig
 ):
     """Reverse the loop recorded in `tape`.
 
     **Arguments:**
 
     - `step`: the loop's step, forward and linearized.
-    - `tape`: the forward sweep's `Tape`.
+    - `tape`: the forward sweep's `CheckpointStore`.
     - `ct_final`, `ct_bufs`: the cotangents of the final carry and buffers.
     - `config`: the loop's `LoopConfig` (checkpoints, max_steps).
 

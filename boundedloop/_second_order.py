@@ -24,7 +24,6 @@ from ._leaves import (
     add,
     everywhere,
     flat,
-    inexact_array,
     jvp_at,
     pick,
     Residuals,
@@ -50,7 +49,7 @@ def _rerun(loop_fn, loop: TracedLoop, config: LoopConfig):
     `loop.differentiable()`, `None` elsewhere), `combine(tree)` filling such a tree's
     `None`s with zeros, and `run(varying) -> flat outputs`.
     """
-    varying, fixed = eqx.partition(loop.differentiable(), inexact_array)
+    varying, fixed = eqx.partition(loop.differentiable(), eqx.is_inexact_array)
     unchecked = dataclasses.replace(config, stop_check=None)
 
     def run(varying):

@@ -364,24 +364,24 @@ def test_scalar_leaves_are_stored_packed_and_loaded_exactly():
     dtype into one array, so that a store writes one array per dtype; loading gives
     every leaf back with its dtype and shape. Floating scalars keep arrays of their
     own, so that each keeps its own tangent under forward over reverse."""
-    from boundedloop import _tape
+    from boundedloop import _checkpoint_store
 
     carry = (X0, jnp.float32(0.5), jnp.float32(0.25), jnp.int32(3), jnp.array(True))
     carry = carry + (jnp.ones((1, 2)), jnp.float32(-1.5), jnp.int32(-4), jnp.uint8(2))
     carry = carry + (jnp.array(False),)
-    storage = _tape.empty(carry, 4)
+    storage = _checkpoint_store.empty(carry, 4)
     # a dtype with a single scalar (uint8 here) is not packed
     assert sorted(storage.packed) == ["bool", "int32"]
     assert storage.packed["int32"].shape == (4, 2)
     packed = [a is None for a in storage.arrays]
     assert packed == [False] * 3 + [True] * 2 + [False] * 2 + [True, False, True]
-    stored = _tape.store(storage, 2, carry)
-    loaded = _tape.load(stored, 2)
+    stored = _checkpoint_store.store(storage, 2, carry)
+    loaded = _checkpoint_store.load(stored, 2)
     assert tree_equal(loaded, carry)
     assert [(v.dtype, v.shape) for v in loaded] == [(v.dtype, v.shape) for v in carry]
     # a store that is not due leaves the row as it was
-    kept = _tape.store(stored, 2, jax.tree.map(jnp.zeros_like, carry), when=False)
-    assert tree_equal(_tape.load(kept, 2), carry)
+    kept = _checkpoint_store.store(stored, 2, jax.tree.map(jnp.zeros_like, carry), when=False)
+    assert tree_equal(_checkpoint_store.load(kept, 2), carry)
 
 
 @pytest.mark.parametrize("checkpoints", [1, 2, 3, 5, 8])
@@ -515,16 +515,16 @@ def test_typed_prng_keys_in_the_carry(buffers):
 def test_typed_keys_are_stored_unpacked():
     """Checkpoint storage keeps each typed key leaf in its own stacked array (an
     extended dtype cannot be packed with others) and loads it back exactly."""
-    from boundedloop import _tape
+    from boundedloop import _checkpoint_store
 
     keys = jax.random.split(jax.random.key(3), 2)
     carry = (keys[0], jnp.int32(5), keys[1], jnp.int32(-2), keys)
-    storage = _tape.empty(carry, 4)
+    storage = _checkpoint_store.empty(carry, 4)
     assert sorted(storage.packed) == ["int32"]
     assert [a is None for a in storage.arrays] == [False, True, False, True, False]
     assert storage.arrays[0].dtype == keys.dtype and storage.arrays[4].shape == (4, 2)
-    stored = _tape.store(storage, 1, carry)
-    assert tree_equal(_key_data(_tape.load(stored, 1)), _key_data(carry))
+    stored = _checkpoint_store.store(storage, 1, carry)
+    assert tree_equal(_key_data(_checkpoint_store.load(stored, 1)), _key_data(carry))
     other = (keys[1], jnp.int32(0), keys[0], jnp.int32(1), keys[::-1])
-    kept = _tape.store(stored, 1, other, when=jnp.array(False))
-    assert tree_equal(_key_data(_tape.load(kept, 1)), _key_data(carry))
+    kept = _checkpoint_store.store(stored, 1, other, when=jnp.array(False))
+    assert tree_equal(_key_data(_checkpoint_store.load(kept, 1)), _key_data(carry))

@@ -1,4 +1,5 @@
-"""What the checkpointed forward sweep leaves for the reverse sweep: the `Tape`.
+"""The checkpoint store: what the checkpointed forward sweep leaves for the reverse
+sweep (`CheckpointStore`).
 
 Checkpoint storage is a row per slot: one stacked array per carry leaf, except that
 integer and boolean scalar leaves sharing a dtype are packed into one stacked array
@@ -15,7 +16,7 @@ import jax.tree_util as jtu
 from jax import lax
 from jaxtyping import Array, Int
 
-from ._dtypes import is_extended
+from ._dtypes import is_extended, is_inexact
 
 
 UNUSED = jnp.iinfo(jnp.int32).max  # position of a slot that holds nothing
@@ -53,7 +54,7 @@ def empty(carry, slots: int, perturbed=None) -> Storage:
         if jnp.ndim(x) != 0 or is_extended(x.dtype):
             return None
         name = jnp.dtype(x.dtype).name
-        if not jnp.issubdtype(x.dtype, jnp.inexact):
+        if not is_inexact(x):
             return name
         return None if p is None else f"{name}/{'perturbed' if p else 'fixed'}"
 
@@ -116,7 +117,7 @@ def store(storage: Storage, slot, carry, when=True) -> Storage:
     return Storage(arrays, packed, storage.treedef, storage.columns)
 
 
-class Tape(NamedTuple):
+class CheckpointStore(NamedTuple):
     """What the checkpointed sweep leaves for the reverse sweep."""
 
     storage: Storage  # a row per slot (buffers are never stored)
