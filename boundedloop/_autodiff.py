@@ -67,9 +67,10 @@ def _checkpointed_loop_jvp(primals, tangents):
     )
     # only perturbed leaves get tangents (see `_perturbation`)
     jvp = LoopJVP(loop, config, wanted, perturbed, checkpointed_loop)
-    results = loop_jvp(jvp.leaves, t_in, jvp.spec())
-    out = jtu.tree_unflatten(jvp.out_def, results[: jvp.out_def.num_leaves])
-    t_out = iter(results[jvp.out_def.num_leaves :])
+    parts = jvp.parts
+    results = loop_jvp(parts.leaves, t_in, jvp.spec())
+    out = jtu.tree_unflatten(parts.out_def, results[: parts.out_def.num_leaves])
+    t_out = iter(results[parts.out_def.num_leaves :])
     return out, jtu.tree_unflatten(
-        jvp.out_def, [next(t_out) if f else None for f in jvp.out_perturbed]
+        parts.out_def, [next(t_out) if f else None for f in parts.out_perturbed]
     )

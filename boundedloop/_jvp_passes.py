@@ -8,13 +8,13 @@ import dataclasses
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import jax.tree_util as jtu
 
 from ._checks import check_stopped
 from ._forward_sweeps import plain_sweep
 from ._leaves import pick, Residuals
 from ._loop_jvp import Passes, Spec
+from ._loop_parts import LoopParts
 from ._loop_tangent import loop_tangent, replay_tangent
 from ._reverse_sweep import reverse_sweep
 from ._second_order import ReverseOverAnything
@@ -23,58 +23,46 @@ from ._step import ReversibleStep
 from ._trace import LoopConfig, TracedLoop
 
 
-class LoopJVP(ReverseOverAnything):
+class LoopJVP:
     """The loop's JVP in both forms `_loop_jvp.Passes` asks for, on flat lists: the
     loop's arrays and the tangents of the `wanted` ones in, the final `(x, bufs)` and
-    the tangents of its `perturbed` leaves out."""
+    the tangents of its `perturbed` leaves out. `second` holds the passes that make
+    both differentiable in reverse mode once more."""
 
     def __init__(
         self, loop: TracedLoop, config: LoopConfig, wanted, perturbed, loop_fn
     ):
-        arrays, self.static = eqx.partition(loop, eqx.is_array)
-        self.leaves, self.treedef = jtu.tree_flatten(arrays)
-        self.config, self.wanted = config, wanted
-        self.effects = frozenset(loop.body.jaxpr.effects)
-        self.out_perturbed = list(perturbed.x + perturbed.bufs)
-        self.perturbed = perturbed
-        # the loop as a differentiable function (`checkpointed_loop`), rerun by the
-        # second-order passes so that transforms of it take its own rules
-        self.loop_fn = loop_fn
+        self.parts = LoopParts.of(loop, config, wanted, perturbed, loop_fn)
+        self.second = ReverseOverAnything(self.parts)
         outs = jtu.tree_leaves((loop.init, loop.bufs))
-        self.out_def = jtu.tree_structure((loop.init, loop.bufs))
-        t_avals = [jax.typeof(o) for o, p in zip(outs, self.out_perturbed) if p]
+        out_perturbed = self.parts.out_perturbed
+        t_avals = [jax.typeof(o) for o, p in zip(outs, out_perturbed) if p]
         self.out_avals = tuple(jax.typeof(o) for o in outs) + tuple(t_avals)
-
-    def _loop(self, leaves) -> TracedLoop:
-        # partial evaluation may hand a constant back as a Python scalar
-        arrays = jtu.tree_unflatten(self.treedef, [jnp.asarray(v) for v in leaves])
-        return vary_everywhere(eqx.combine(arrays, self.static))
 
     def primal(self, leaves) -> list:
         """The loop itself, as `checkpointed_loop` runs it: `plain_sweep`."""
-        return jtu.tree_leaves(plain_sweep(self._loop(leaves), self.config))
+        return jtu.tree_leaves(plain_sweep(self.parts.loop(leaves), self.parts.config))
 
     def tangent_inputs(self) -> tuple[int, ...]:
         """Per tangent operand, the position of its primal among `leaves`."""
-        positions = jtu.tree_unflatten(self.treedef, range(len(self.leaves)))
-        loop = eqx.combine(positions, self.static)
-        return tuple(pick(self.wanted, loop.differentiable()))
+        loop = self.parts.positions()
+        return tuple(pick(self.parts.wanted, loop.differentiable()))
 
     def tangent_outputs(self) -> tuple[int, ...]:
         """Per output tangent, the position of its output."""
-        return tuple(k for k, p in enumerate(self.out_perturbed) if p)
+        return tuple(k for k, p in enumerate(self.parts.out_perturbed) if p)
 
     def one_pass(self, leaves, t_in) -> list:
         """The JVP of `plain_sweep`: one sweep, each step's primal and tangent
         together."""
-        loop = self._loop(leaves)
+        loop = self.parts.loop(leaves)
         if loop.checked_body is not None:  # `bl.buffer_checks`: a debugging mode
             return self.two_pass(leaves, t_in)
-        varying, fixed = eqx.partition(loop.differentiable(), self.wanted)
+        varying, fixed = eqx.partition(loop.differentiable(), self.parts.wanted)
         t_varying = jtu.tree_unflatten(jtu.tree_structure(varying), t_in)
 
         # `bl.max_steps_check`'s error is attached below, to the tangents as well
-        unchecked = dataclasses.replace(self.config, stop_check=None)
+        unchecked = dataclasses.replace(self.parts.config, stop_check=None)
 
         def run(varying):
             body, init, bufs = vary_everywhere(eqx.combine(varying, fixed))
@@ -82,9 +70,11 @@ class LoopJVP(ReverseOverAnything):
             return plain_sweep(plain, unchecked)
 
         (x, bufs), t_out = jax.jvp(run, (varying,), (t_varying,))
-        t_out = [t for t, f in zip(jtu.tree_leaves(t_out), self.out_perturbed) if f]
-        if self.config.stop_check is not None:
-            name, max_steps = self.config.stop_check, self.config.max_steps
+        t_out = [
+            t for t, f in zip(jtu.tree_leaves(t_out), self.parts.out_perturbed) if f
+        ]
+        if self.parts.config.stop_check is not None:
+            name, max_steps = self.parts.config.stop_check, self.parts.config.max_steps
             x, bufs, t_out = check_stopped(loop, (x, bufs, t_out), name, max_steps)
         return jtu.tree_leaves((x, bufs)) + t_out
 
@@ -97,10 +87,11 @@ class LoopJVP(ReverseOverAnything):
     def checkpointed(self, leaves):
         """`two_pass` in two stages: `checkpointed_sweep` now, returning the outputs
         and the tangent stage, `t_in -> t_out`, which reads only its tape."""
-        loop, config, wanted = self._loop(leaves), self.config, self.wanted
-        out, tape = self.taped_sweep(leaves)
+        config, wanted = self.parts.config, self.parts.wanted
+        loop = self.parts.loop(leaves)
+        out, tape = self.second.taped_sweep(leaves)
         residuals = Residuals(loop, tape)
-        out_perturbed, out_def = self.out_perturbed, self.out_def
+        out_perturbed, out_def = self.parts.out_perturbed, self.parts.out_def
 
         def jvp_fn(res_leaves, t_in):
             body, _, x, tape = residuals.unpack(res_leaves)
@@ -117,15 +108,15 @@ class LoopJVP(ReverseOverAnything):
             ct_x, ct_bufs = jtu.tree_unflatten(
                 out_def, [next(cts) if f else None for f in out_perturbed]
             )
-            step = ReversibleStep(body, config.layout, wanted[0], self.perturbed)
+            step = ReversibleStep(body, config.layout, wanted[0], self.parts.perturbed)
             ct_in = reverse_sweep(step, tape, ct_x, ct_bufs, config)
             return pick(wanted, ct_in)
 
         def vjp_fn(res_leaves, cts):
-            return self.vjp_with_hvp(residuals, reverse)(*res_leaves, *cts)
+            return self.second.vjp_with_hvp(residuals, reverse)(*res_leaves, *cts)
 
         def hvp_fn(res_leaves, t_in, cts):
-            return self.residual_hvp(residuals, res_leaves, cts, t_in)[1]
+            return self.second.residual_hvp(residuals, res_leaves, cts, t_in)[1]
 
         def tangent(t_in):
             t_out = loop_tangent(
@@ -149,12 +140,12 @@ class LoopJVP(ReverseOverAnything):
                 self.two_pass,
                 self.checkpointed,
                 self.primal,
-                self.reverse_of_jvp,
+                self.second.reverse_of_jvp,
             ),
-            n_primals=len(self.leaves),
-            n_outputs=self.out_def.num_leaves,
+            n_primals=len(self.parts.leaves),
+            n_outputs=self.parts.out_def.num_leaves,
             out_avals=self.out_avals,
-            effects=self.effects,
+            effects=self.parts.effects,
             tangent_inputs=self.tangent_inputs(),
             tangent_outputs=self.tangent_outputs(),
         )

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
+from ._checked_store import CheckedStore
 from ._forward_sweeps import checkpointed_sweep
 from ._leaves import (
     add,
@@ -31,6 +32,7 @@ from ._leaves import (
     zero_ct,
 )
 from ._linearizable import linearizable
+from ._loop_parts import LoopParts
 from ._loop_tangent import loop_tangent
 from ._perturbation import Perturbed, perturbed_leaves
 from ._reverse_sweep import reverse_sweep
@@ -92,23 +94,27 @@ def gradient_and_hvp(loop_fn, loop, config, cts, direction=None):
 
 class ReverseOverAnything:
     """The passes that make the loop's gradient and JVP differentiable in reverse
-    mode. A mixin of `_jvp_passes.LoopJVP`, whose attributes they read (`config`,
-    `wanted`, `perturbed`, `effects`, `out_perturbed`, `out_def`, `treedef`,
-    `static`, `leaves`, and `loop_fn`, the loop as a differentiable function)."""
+    mode, for the loop `parts` describes (`_jvp_passes.LoopJVP` holds one)."""
+
+    def __init__(self, parts: LoopParts):
+        self.parts = parts
 
     def taped_sweep(self, leaves):
         """`checkpointed_sweep`, behind a JVP that an outer reverse pass can
         transpose: linearized, its output tangent is a `loop_tangent` whose transpose
         is the reverse sweep over this very tape (the tape's own tangent is never
         transposed: see `vjp_with_hvp`). Its two-pass form is nested here
-        because its rules share the sweep's tree structure (`box`), known only
-        once the sweep is traced."""
-        box = {}
-        config = self.config
+        because its rules share the sweep's tree structure (`swept_def`), known
+        only once the sweep is traced."""
+        parts = self.parts
+        swept_def = CheckedStore("the checkpointed sweep's tree structure")
 
         def sweep(leaves):
-            result = checkpointed_sweep(self._loop(leaves), config, self.perturbed.x)
-            swept, box["def"] = jtu.tree_flatten(result)
+            result = checkpointed_sweep(
+                parts.loop(leaves), parts.config, parts.perturbed.x
+            )
+            swept, treedef = jtu.tree_flatten(result)
+            swept_def.set(treedef)
             return swept
 
         def two_pass(primals, where, tangents, inexact):
@@ -116,7 +122,7 @@ class ReverseOverAnything:
             n = len(primals)
             avals = [jax.typeof(o) for o in outs]
             wanted = self._wanted_at(where)
-            perturbed = self._perturbed_by(self._loop(primals), wanted)
+            perturbed = self._perturbed_by(self.parts.loop(primals), wanted)
 
             def jvp_fn(res, ts):
                 t_out = jvp_at(sweep, res[:n], where, ts)[1]
@@ -125,11 +131,11 @@ class ReverseOverAnything:
             reverse = self._reverse_of_tape(primals, where, wanted, perturbed)
 
             def vjp_fn(res, cts):
-                loop = self._loop(res[:n])
-                _, tape = jtu.tree_unflatten(box["def"], res[n:])
+                loop = self.parts.loop(res[:n])
+                _, tape = jtu.tree_unflatten(swept_def.get(), res[n:])
                 it = iter(cts)
                 full = [next(it) if f else None for f in inexact]
-                (ct_x, ct_bufs), ct_tape = jtu.tree_unflatten(box["def"], full)
+                (ct_x, ct_bufs), ct_tape = jtu.tree_unflatten(swept_def.get(), full)
                 # the tape's final buffers are the loop's: their cotangents add
                 ct_bufs = [add(a, b) for a, b in zip(ct_bufs, ct_tape.bufs)]
                 ct_x = tuple(c if p else None for c, p in zip(ct_x, perturbed.x))
@@ -146,18 +152,18 @@ class ReverseOverAnything:
                 out_avals=tuple(
                     a.to_tangent_aval() for a, f in zip(avals, inexact) if f
                 ),
-                loop_effects=self.effects,
+                loop_effects=self.parts.effects,
             )
             return list(outs) + list(t_out)
 
-        swept = linearizable(sweep, two_pass, self.effects)(*leaves)
-        return jtu.tree_unflatten(box["def"], swept)
+        swept = linearizable(sweep, two_pass, self.parts.effects)(*leaves)
+        return jtu.tree_unflatten(swept_def.get(), swept)
 
     def _reverse_of_tape(self, primals, where, wanted, perturbed):
         """`(loop, tape, ct_x, ct_bufs) -> cotangents of primals[where]`: the reverse
         sweep over `tape`, behind `linearizable` without a two-pass form (forward
         mode through it works; a third reverse pass raises our error)."""
-        config = self.config
+        config = self.parts.config
 
         def first_order(loop, tape, ct_x, ct_bufs):
             step = ReversibleStep(loop.body, config.layout, wanted[0], perturbed)
@@ -167,7 +173,7 @@ class ReverseOverAnything:
         def reverse(loop, tape, ct_x, ct_bufs):
             operands, rebuild = flat((loop, tape, ct_x, ct_bufs))
             run = linearizable(
-                lambda ops: first_order(*rebuild(ops)), None, self.effects
+                lambda ops: first_order(*rebuild(ops)), None, self.parts.effects
             )
             return run(*operands)
 
@@ -176,8 +182,7 @@ class ReverseOverAnything:
     def _wanted_at(self, where):
         """Bools shaped like `(body, init, bufs)`: which of them are among the
         `leaves` at positions `where`."""
-        positions = jtu.tree_unflatten(self.treedef, range(len(self.leaves)))
-        loop = eqx.combine(positions, self.static)
+        loop = self.parts.positions()
         chosen = set(where)
         return jtu.tree_map(lambda k: k in chosen, loop.differentiable())
 
@@ -187,14 +192,13 @@ class ReverseOverAnything:
             loop.body,
             jtu.tree_leaves(w_body),
             Perturbed(tuple(jtu.tree_leaves(w_init)), tuple(jtu.tree_leaves(w_bufs))),
-            self.config.layout,
+            self.parts.config.layout,
         )
 
     def _at_leaves(self, leaves, wanted, ct_in, where) -> list:
         """Cotangents `ct_in` (shaped like `(body, init, bufs)`, `None` for zero) of
         the `wanted` leaves, as a list aligned with `where` (zeros elsewhere)."""
-        positions = jtu.tree_unflatten(self.treedef, range(len(self.leaves)))
-        loop = eqx.combine(positions, self.static)
+        loop = self.parts.positions()
         by_position = {
             k: c
             for k, c in zip(pick(wanted, loop.differentiable()), pick(wanted, ct_in))
@@ -213,18 +217,19 @@ class ReverseOverAnything:
         body, cond, init, tape = residuals.unpack(res_leaves)
         # a leaf tracing left constant (a Python bool) is an array to the loop
         init = tuple(jnp.asarray(v) for v in init)
-        loop = TracedLoop(body, cond, None, init, tape.bufs, self.config.layout)
+        loop = TracedLoop(body, cond, None, init, tape.bufs, self.parts.config.layout)
         it = iter(cts)
         out_leaves = jtu.tree_leaves((loop.init, loop.bufs))
         cts = [
             next(it) if f else zero_ct(o)
-            for o, f in zip(out_leaves, self.out_perturbed)
+            for o, f in zip(out_leaves, self.parts.out_perturbed)
         ]
         v = jtu.tree_unflatten(
-            jtu.tree_structure(self.wanted), spread(self.wanted, list(direction))
+            jtu.tree_structure(self.parts.wanted),
+            spread(self.parts.wanted, list(direction)),
         )
         j_v, _, (h_body, h_init, h_bufs) = gradient_and_hvp(
-            self.loop_fn, loop, self.config, cts, v
+            self.parts.loop_fn, loop, self.parts.config, cts, v
         )
         zeros = jtu.tree_map(zero_ct, (body, cond, init, tape))
         ct = (h_body, zeros[1], h_init, zeros[3]._replace(bufs=tuple(h_bufs)))
@@ -244,7 +249,7 @@ class ReverseOverAnything:
         cotangent the initial buffers have (the two are equal wherever a
         cotangent reaches them)."""
         n_res = len(residuals.leaves)
-        out_perturbed = self.out_perturbed
+        out_perturbed = self.parts.out_perturbed
 
         def two_pass(primals, where, tangents, with_tangent):
             outs = reverse(list(primals))
@@ -273,11 +278,11 @@ class ReverseOverAnything:
                 jvp_fn=jvp_fn,
                 vjp_fn=vjp_fn,
                 out_avals=out_avals,
-                loop_effects=self.effects,
+                loop_effects=self.parts.effects,
             )
             return list(outs) + list(t_out)
 
-        return linearizable(reverse, two_pass, self.effects)
+        return linearizable(reverse, two_pass, self.parts.effects)
 
     def reverse_of_jvp(self, leaves, t_in, cts):
         """The transpose of the linearized JVP (reverse over forward, `grad` of
@@ -285,19 +290,26 @@ class ReverseOverAnything:
         get `J^T u + H_v t` and the tangents `J^T v`, where `H_v`, the second
         derivative of `v . F`, is symmetric, so `H_v t` is a forward-over-reverse
         product in the direction of the tangents `t`."""
-        loop = self._loop(leaves)
-        n_out = self.out_def.num_leaves
+        loop = self.parts.loop(leaves)
+        n_out = self.parts.out_def.num_leaves
         outs = jtu.tree_leaves((loop.init, loop.bufs))
         u = [zero_ct(o) if c is None else c for o, c in zip(outs, cts[:n_out])]
         it = iter(cts[n_out:])
-        v = [next(it) if f else zero_ct(o) for o, f in zip(outs, self.out_perturbed)]
+        v = [
+            next(it) if f else zero_ct(o)
+            for o, f in zip(outs, self.parts.out_perturbed)
+        ]
         direction = jtu.tree_unflatten(
-            jtu.tree_structure(self.wanted), spread(self.wanted, list(t_in))
+            jtu.tree_structure(self.parts.wanted), spread(self.parts.wanted, list(t_in))
         )
-        _, g_u, _ = gradient_and_hvp(self.loop_fn, loop, self.config, u, None)
-        _, g_v, h_v = gradient_and_hvp(self.loop_fn, loop, self.config, v, direction)
+        _, g_u, _ = gradient_and_hvp(
+            self.parts.loop_fn, loop, self.parts.config, u, None
+        )
+        _, g_v, h_v = gradient_and_hvp(
+            self.parts.loop_fn, loop, self.parts.config, v, direction
+        )
         ct_tree = jtu.tree_map(add, g_u, h_v)
         n = len(leaves)
         ct_p = self._at_leaves(leaves, everywhere(ct_tree), ct_tree, range(n))
-        ct_t = pick(self.wanted, g_v)
+        ct_t = pick(self.parts.wanted, g_v)
         return ct_p, ct_t

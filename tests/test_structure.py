@@ -9,6 +9,7 @@ from jax import lax
 
 import boundedloop as bl
 from boundedloop import _body_size, _store_rules
+from boundedloop._checked_store import CheckedStore
 from boundedloop._recompute import split_rule
 from boundedloop._schedule import (
     _merge_choice,
@@ -418,3 +419,17 @@ def test_buffer_checks_trace_the_body_once_more():
         with bl.buffer_checks(checks):
             jax.make_jaxpr(loop)(init)
         assert len(traces) == expected
+
+
+def test_a_value_crossing_a_trace_is_checked():
+    """`_checked_store.CheckedStore` (a tree structure a rule reads after the trace
+    that wrote it): read before written, or written otherwise by a second trace, is
+    an error rather than a silent mix-up."""
+    store = CheckedStore("the sweep's tree structure")
+    with pytest.raises(AssertionError, match="read before"):
+        store.get()
+    store.set(jax.tree.structure((1, 2)))
+    store.set(jax.tree.structure((3, 4)))  # the same structure again
+    assert store.get() == jax.tree.structure((0, 0))
+    with pytest.raises(AssertionError, match="changed between two traces"):
+        store.set(jax.tree.structure((1, 2, 3)))

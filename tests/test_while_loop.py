@@ -380,7 +380,9 @@ def test_scalar_leaves_are_stored_packed_and_loaded_exactly():
     assert tree_equal(loaded, carry)
     assert [(v.dtype, v.shape) for v in loaded] == [(v.dtype, v.shape) for v in carry]
     # a store that is not due leaves the row as it was
-    kept = _checkpoint_store.store(stored, 2, jax.tree.map(jnp.zeros_like, carry), when=False)
+    kept = _checkpoint_store.store(
+        stored, 2, jax.tree.map(jnp.zeros_like, carry), when=False
+    )
     assert tree_equal(_checkpoint_store.load(kept, 2), carry)
 
 

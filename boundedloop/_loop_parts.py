@@ -1,0 +1,75 @@
+"""What every JVP pass of one loop reads: the loop's arrays as flat leaves and the
+rest of it, the configuration, which inputs are differentiated and which outputs
+get tangents. `_jvp_passes.LoopJVP` and `_second_order.ReverseOverAnything` each
+take one `LoopParts`, so neither reads attributes the other defines."""
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax.numpy as jnp
+import jax.tree_util as jtu
+
+from ._perturbation import Perturbed
+from ._shard_map import vary_everywhere
+from ._trace import LoopConfig, TracedLoop
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopParts:
+    """One loop, as the JVP passes read it.
+
+    - `leaves`, `treedef`, `static`: the loop's arrays, flat, and what rebuilds it.
+    - `config`: its `LoopConfig`.
+    - `wanted`: bools shaped like `(body, init, bufs)`: the differentiated inputs.
+    - `perturbed`: the carry leaves (`x`, `bufs`) that get tangents.
+    - `effects`: the body's effects.
+    - `out_def`: the tree of the outputs, `(x, bufs)`.
+    - `loop_fn`: the loop as a differentiable function (`checkpointed_loop`),
+        rerun by the second-order passes so that transforms of it take its rules.
+    """
+
+    leaves: list
+    treedef: Any
+    static: Any
+    config: LoopConfig
+    wanted: Any
+    perturbed: Perturbed
+    effects: frozenset
+    out_def: Any
+    loop_fn: Callable
+
+    @classmethod
+    def of(cls, loop: TracedLoop, config, wanted, perturbed, loop_fn) -> "LoopParts":
+        arrays, static = eqx.partition(loop, eqx.is_array)
+        leaves, treedef = jtu.tree_flatten(arrays)
+        out_def = jtu.tree_structure((loop.init, loop.bufs))
+        effects = frozenset(loop.body.jaxpr.effects)
+        return cls(
+            leaves,
+            treedef,
+            static,
+            config,
+            wanted,
+            perturbed,
+            effects,
+            out_def,
+            loop_fn,
+        )
+
+    @property
+    def out_perturbed(self) -> list[bool]:
+        """Per output leaf, whether it gets a tangent."""
+        return list(self.perturbed.x + self.perturbed.bufs)
+
+    def loop(self, leaves) -> TracedLoop:
+        """The loop with `leaves` for its arrays."""
+        # partial evaluation may hand a constant back as a Python scalar
+        arrays = jtu.tree_unflatten(self.treedef, [jnp.asarray(v) for v in leaves])
+        return vary_everywhere(eqx.combine(arrays, self.static))
+
+    def positions(self) -> TracedLoop:
+        """The loop with each array replaced by its position among `leaves`."""
+        indices = jtu.tree_unflatten(self.treedef, range(len(self.leaves)))
+        return eqx.combine(indices, self.static)
