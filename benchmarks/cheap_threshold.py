@@ -1,15 +1,15 @@
 """Where the reverse sweep's nested loops for cheap steps stop paying: the gradient of
 `x <- tanh(x @ W)` at growing work per step, with the nested structure forced on and
-forced off (`_body_size.is_cheap`), side by side in one process.
+forced off (`_cost_model.is_cheap`), side by side in one process.
 
     python benchmarks/cheap_threshold.py [--rounds 15] [--out FILE] > benchmarks/results/cheap_threshold.txt
 
 A state of shape (batch, width), `max_steps=4096`, 16 checkpoints, `n` steps (a
 traced counter), gradient with respect to `W`. Reported per size: the work per step
-(`_body_size.work`: a product's multiply-adds counted twice), gradient time (medians
+(`_cost_model.work`: a product's multiply-adds counted twice), gradient time (medians
 of interleaved rounds after warm-up) and XLA compile time (median of 3) with each
 structure, and the while loops each compiled program has. `HEAVY_WORK` in
-`boundedloop/_body_size.py` is chosen from these figures.
+`boundedloop/_cost_model.py` is chosen from these figures.
 """
 
 import argparse
@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from _common import write_results
 
 import boundedloop as bl
-from boundedloop import _body_size
+from boundedloop import _cost_model
 
 
 SIZES = [  # (batch, width, n)
@@ -51,12 +51,12 @@ def compiled(nested: bool, batch: int, width: int, n: int):
         )
         return jnp.mean(final[1] ** 2)
 
-    original = _body_size.is_cheap
-    _body_size.is_cheap = lambda body: nested
+    original = _cost_model.is_cheap
+    _cost_model.is_cheap = lambda body: nested
     try:
         lowered = jax.jit(jax.grad(loss)).lower(w, x, n)
     finally:
-        _body_size.is_cheap = original
+        _cost_model.is_cheap = original
     t0 = time.perf_counter()
     exe = lowered.compile()
     return exe, (w, x, n), time.perf_counter() - t0

@@ -23,7 +23,7 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, Int
 
-from . import _body_size, _checkpoint_store
+from . import _checkpoint_store, _cost_model
 from ._batching import select_if_batched
 from ._checkpoint_store import CheckpointStore
 from ._schedule import binomial_table
@@ -89,7 +89,7 @@ class Sweep(NamedTuple):
     slots: int  # checkpoints
     split: Callable  # `split_rule`'s function, for these slots
     # cheap steps: runs of stored inputs reversed in a nested loop, and
-    # store-every-step recomputation in a loop of its own (see `_body_size`)
+    # store-every-step recomputation in a loop of its own (see `_cost_model`)
     fast: bool
     # the forward stored every state: nothing to recompute, no inner loop
     every_step_stored: bool
@@ -112,7 +112,7 @@ def make_sweep(
         # the same for every `max_steps`: the split reads a row of the table, so a
         # narrower one would make temporary memory depend on `max_steps`
         split_rule(config.checkpoints, SPLIT_LENGTH),
-        _body_size.is_cheap(step.body),
+        _cost_model.is_cheap(step.body),
         config.max_steps is not None and config.checkpoints >= config.max_steps,
         sorted_pos,
         order,

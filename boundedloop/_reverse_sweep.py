@@ -6,7 +6,7 @@ schedule). Each iteration of the sweep's loop recomputes the input of step `end 
 from the top checkpoint, storing the checkpoints the schedule places on the way
 (`_recompute.py`), and reverses that step (a vector-Jacobian product).
 
-A body with cheap steps (see `_body_size`) gets two more loops, so that loop
+A body with cheap steps (see `_cost_model`) gets two more loops, so that loop
 iterations stay close to body evaluations: once the rest of a segment fits the free
 slots, a loop of a step and a store per iteration; and after the recomputed step, a
 loop that reverses the steps below it for as long as the next step's input is on
@@ -35,22 +35,13 @@ import jax.tree_util as jtu
 from jax import lax
 from jaxtyping import Array, Int
 
-from . import _checkpoint_store
+from . import _checkpoint_store, _cost_model
 from ._batching import select_if_batched
 from ._checkpoint_store import CheckpointStore
 from ._recompute import initial_stack, make_sweep, recompute, Stack, Sweep
 from ._shard_map import varying_while_loop
 from ._step import ReversibleStep
 from ._trace import LoopConfig
-
-
-# buffers' cotangents up to this many bytes in all are cheaper to copy than to keep
-# in place (see `reverse_step`)
-SMALL_BUFFERS = 16 * 1024
-
-
-def _nbytes(tree) -> int:
-    return sum(x.size * x.dtype.itemsize for x in jtu.tree_leaves(tree))
 
 
 class ReverseState(NamedTuple):
@@ -96,7 +87,7 @@ def reverse_step(sw: Sweep, state: ReverseState, i, x) -> ReverseState:
         return select_if_batched(active, d_x, ct), ct_body, updates
 
     shapes = None
-    if _nbytes(state.ct_bufs) > SMALL_BUFFERS:
+    if _cost_model.orders_buffer_reads(state.ct_bufs):
         shapes = jax.eval_shape(reverse, state.ct, state.ct_body)[2]
     if shapes is not None and not sw.step.wholly_read(shapes, state.ct_bufs):
         # `i == end - 1` always holds. The `lax.cond` is there for XLA: the

@@ -9,7 +9,7 @@ import pytest
 from jax import lax
 
 import boundedloop as bl
-from boundedloop import _reverse_sweep
+from boundedloop import _cost_model
 
 from .helpers import copies_in_while_bodies, on_host, tree_allclose
 
@@ -121,7 +121,7 @@ def test_large_buffers_keep_their_cotangent_in_place_unless_read_whole(
         return _conds(jax.make_jaxpr(jax.grad(ours(name, 2)))(X).jaxpr)
 
     small = conds()
-    monkeypatch.setattr(_reverse_sweep, "SMALL_BUFFERS", 0)
+    monkeypatch.setattr(_cost_model, "SMALL_BUFFERS", 0)
     expected = on_host(jax.value_and_grad(functools.partial(reference, name)))(X)
     got = jax.jit(jax.value_and_grad(ours(name, 2)))(X)
     assert tree_allclose(got, expected, rtol=1e-5)

@@ -8,7 +8,7 @@ import pytest
 from jax import lax
 
 import boundedloop as bl
-from boundedloop import _body_size, _store_rules
+from boundedloop import _cost_model, _store_rules
 from boundedloop._checked_store import CheckedStore
 from boundedloop._recompute import split_rule
 from boundedloop._schedule import (
@@ -243,7 +243,7 @@ def test_named_scopes_in_the_body_survive():
 
 
 def test_which_steps_count_as_cheap():
-    """`_body_size.is_cheap`: few equations, or many on few elements each (a
+    """`_cost_model.is_cheap`: few equations, or many on few elements each (a
     solver's scalar bookkeeping) are cheap; many on large arrays are not, nor a few
     that do much work (a large matrix product)."""
 
@@ -258,14 +258,14 @@ def test_which_steps_count_as_cheap():
     small = body_of(lambda c: (jnp.tanh(c[0]), c[1] + 1), (jnp.ones(4), 0))
     scalars = body_of(lambda c: (chain(c[0], 60), c[1] + 1), (jnp.ones(()), 0))
     wide = body_of(lambda c: (chain(c[0], 60), c[1] + 1), (jnp.ones(256), 0))
-    assert _body_size.equations(scalars.jaxpr) > _body_size.SMALL_BODY
-    assert _body_size.is_cheap(small)
-    assert _body_size.is_cheap(scalars)
-    assert not _body_size.is_cheap(wide)
+    assert _cost_model.equations(scalars.jaxpr) > _cost_model.SMALL_BODY
+    assert _cost_model.is_cheap(small)
+    assert _cost_model.is_cheap(scalars)
+    assert not _cost_model.is_cheap(wide)
     w = jnp.ones((512, 512))  # 4 * 512**2 multiply-adds a step, in 3 equations
     matmul = body_of(lambda c: (jnp.tanh(c[0] @ w), c[1] + 1), (jnp.ones((4, 512)), 0))
-    assert _body_size.equations(matmul.jaxpr) <= _body_size.SMALL_BODY
-    assert not _body_size.is_cheap(matmul)
+    assert _cost_model.equations(matmul.jaxpr) <= _cost_model.SMALL_BODY
+    assert not _cost_model.is_cheap(matmul)
 
 
 def _carries(jaxpr, phase):

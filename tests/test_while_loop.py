@@ -10,7 +10,7 @@ import pytest
 from jax import lax
 
 import boundedloop as bl
-from boundedloop import _body_size
+from boundedloop import _cost_model
 from boundedloop._schedule import (
     gradient_body_evaluations,
     offline_placement,
@@ -123,7 +123,7 @@ def _while_loops(jaxpr) -> int:
 
 
 def test_costly_bodies_get_compact_reverse_sweeps(monkeypatch):
-    """Bodies whose steps are not cheap (see `_body_size`) are reversed one step per
+    """Bodies whose steps are not cheap (see `_cost_model`) are reversed one step per
     iteration with one recomputation loop, whose last store event advances to the
     end of the segment (fewer loops and copies of the step to compile): the same
     schedule, so the same body evaluations, and the same gradients."""
@@ -149,8 +149,8 @@ def test_costly_bodies_get_compact_reverse_sweeps(monkeypatch):
         )
 
     fast = loops()
-    monkeypatch.setattr(_body_size, "SMALL_BODY", 0)
-    monkeypatch.setattr(_body_size, "LIGHT_WORK", 0)
+    monkeypatch.setattr(_cost_model, "SMALL_BODY", 0)
+    monkeypatch.setattr(_cost_model, "LIGHT_WORK", 0)
     # the reverse's three fewer; the forward's loops are the same
     assert loops() == fast - 3
     for checkpoints in [1, 2, 3, 8]:

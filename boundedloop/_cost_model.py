@@ -1,12 +1,21 @@
-"""How costly a traced body's steps are next to a sweep's control. The reverse
-sweep picks its loop structure by it: nested loops that save control work on every
-step pay off for cheap steps, but each is one more loop (and copy of the step) for
-XLA to compile, which costs more the larger the body is, and saves next to nothing
-when the body's own arithmetic dominates. (The forward sweep always runs its steps
-in a loop of their own between stores: see `_forward_sweeps.checkpointed_sweep`.)"""
+"""The static cost estimates that pick how the sweeps run, and their thresholds, in
+one place. Each choice changes only speed and compile time, never a result.
+
+- **Cheap steps** (`is_cheap`): a body whose steps cost about what a sweep's
+  control costs gets nested loops in the reverse sweep that save control work on
+  every step; each is one more loop (and copy of the step) for XLA to compile, which
+  costs more the larger the body is, and saves next to nothing when the body's own
+  arithmetic dominates. (The forward sweep always runs its steps in a loop of their
+  own between stores: see `_forward_sweeps.checkpointed_sweep`.)
+- **Reads ordered before in-place writes** (`orders_buffer_reads`): a reversed step
+  whose buffers' cotangents are large runs inside an always-true `lax.cond`, so that
+  XLA updates them in place rather than copying them whole every step (see
+  `_reverse_sweep.reverse_step`); small ones are cheaper to copy.
+"""
 
 import math
 
+import jax
 import jax.extend.core
 
 
@@ -54,3 +63,15 @@ def is_cheap(body) -> bool:
     elements per equation."""
     n, total = equations(body.jaxpr), work(body.jaxpr)
     return total < HEAVY_WORK and (n <= SMALL_BODY or total <= LIGHT_WORK * n)
+
+
+# buffers' cotangents up to this many bytes in all are cheaper to copy than to keep
+# in place by ordering their reads first
+SMALL_BUFFERS = 16 * 1024
+
+
+def orders_buffer_reads(ct_bufs) -> bool:
+    """Whether a reversed step orders its reads of the buffers' cotangents `ct_bufs`
+    before their in-place updates (larger than `SMALL_BUFFERS` in all)."""
+    nbytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(ct_bufs))
+    return nbytes > SMALL_BUFFERS
