@@ -90,7 +90,7 @@ class Sweep(NamedTuple):
     split: Callable  # `split_rule`'s function, for these slots
     # cheap steps: runs of stored inputs reversed in a nested loop, and
     # store-every-step recomputation in a loop of its own (see `_cost_model`)
-    fast: bool
+    cheap_steps: bool
     # the forward stored every state: nothing to recompute, no inner loop
     every_step_stored: bool
     sorted: Int[Array, " slots"]  # the checkpoints' positions, in order
@@ -198,7 +198,7 @@ def recompute(sw: Sweep, end, stack: Stack) -> Recompute:
     Store events while the schedule skips steps, each a tight loop of forward
     steps, so its arithmetic runs once per stored checkpoint; the last advances to
     `end - 1` and stores nothing, so that one loop (one copy of the step for XLA
-    to compile) does both. With the fast structure (cheap steps), once the rest of
+    to compile) does both. With cheap steps (`_cost_model.is_cheap`), once the rest of
     the segment fits the free slots, a loop of a step and a store per iteration
     takes over, and the steps to `end - 1` run in a loop of their own: no store
     is masked in a loop of cheap steps."""
@@ -206,7 +206,7 @@ def recompute(sw: Sweep, end, stack: Stack) -> Recompute:
     i = stack.order_pos[top]
     x = _checkpoint_store.load(stack.storage, sw.order[top])
     state = Recompute(i, end, next_target(sw, i, end, top + 1), stack, x)
-    if not sw.fast:
+    if not sw.cheap_steps:
         return varying_while_loop(
             lambda s: s.i < s.end - 1, functools.partial(store_next_or_end, sw), state
         )
