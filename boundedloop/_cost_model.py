@@ -41,8 +41,18 @@ def equations(jaxpr) -> int:
     )
 
 
+# in-place updates: the operand holding the elements they write (the rest of their
+# output is their input, not work)
+UPDATES_AT = {"dynamic_update_slice": 1, "scatter": 2, "scatter-add": 2}
+
+
+def _size(v) -> int:
+    return math.prod(getattr(v.aval, "shape", ()))
+
+
 def work(jaxpr) -> int:
-    """Elements `jaxpr`'s equations produce, a dot's multiply-adds counted twice, and
+    """Elements `jaxpr`'s equations produce, a dot's multiply-adds counted twice, an
+    in-place update's written elements only (a buffer's row, not the buffer), and
     those of the jaxprs inside it (once)."""
     total = 0
     for e in jaxpr.eqns:
@@ -50,9 +60,11 @@ def work(jaxpr) -> int:
             (contracted, _), _ = e.params["dimension_numbers"]
             lhs = e.invars[0].aval.shape
             size = 2 * math.prod(lhs[d] for d in contracted)
-            total += size * math.prod(e.outvars[0].aval.shape)
+            total += size * _size(e.outvars[0])
+        elif e.primitive.name in UPDATES_AT:
+            total += _size(e.invars[UPDATES_AT[e.primitive.name]])
         else:
-            total += sum(math.prod(getattr(v.aval, "shape", ())) for v in e.outvars)
+            total += sum(map(_size, e.outvars))
         total += sum(map(work, jax.extend.core.jaxprs_in_params(e.params)))
     return total
 
