@@ -9,7 +9,7 @@ transform requires. The rooms, by what a reader is looking for:
   `LoopJVP.one_pass` (`_jvp_passes.py`), the JVP of `plain_sweep`, one sweep with
   each step's value and tangent together.
 - `jax.linearize`, and so `jax.grad`, `jax.vjp`, `jax.jacrev`: `loop_jvp_p`'s
-  partial-evaluation rules (`_loop_jvp.py`) run `LoopJVP.checkpointed`
+  partial-evaluation rules (`_loop_jvp.py`) run `LoopJVP.staged`
   (`checkpointed_sweep` now) and stage the tangent as one linear primitive,
   `loop_tangent_p` (`_loop_tangent.py`). Applied, it is the JVP of `replay_sweep`
   (the same steps again from the initial carry); transposed, `reverse_sweep` over

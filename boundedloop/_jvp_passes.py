@@ -81,10 +81,10 @@ class LoopJVP:
     def two_pass(self, leaves, t_in) -> list:
         """`checkpointed_sweep`, and the tangent as `loop_tangent` over its tape:
         evaluated, the JVP of `replay_sweep`; transposed, `reverse_sweep`."""
-        out, tangent = self.checkpointed(leaves)
+        out, tangent = self.staged(leaves)
         return out + tangent(t_in)
 
-    def checkpointed(self, leaves):
+    def staged(self, leaves):
         """`two_pass` in two stages: `checkpointed_sweep` now, returning the outputs
         and the tangent stage, `t_in -> t_out`, which reads only its tape."""
         config, wanted = self.parts.config, self.parts.wanted
@@ -138,7 +138,7 @@ class LoopJVP:
             Passes(
                 self.one_pass,
                 self.two_pass,
-                self.checkpointed,
+                self.staged,
                 self.primal,
                 self.second.reverse_of_jvp,
             ),
