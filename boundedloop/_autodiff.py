@@ -34,6 +34,7 @@ import jax.tree_util as jtu
 
 from ._forward_sweeps import plain_sweep
 from ._jvp_passes import LoopJVP
+from ._leaves import fill
 from ._loop_jvp import loop_jvp
 from ._perturbation import has_tangent, Perturbed, perturbed_leaves
 from ._shard_map import vary_everywhere
@@ -70,7 +71,5 @@ def _checkpointed_loop_jvp(primals, tangents):
     parts = jvp.parts
     results = loop_jvp(parts.leaves, t_in, jvp.spec())
     out = jtu.tree_unflatten(parts.out_def, results[: parts.out_def.num_leaves])
-    t_out = iter(results[parts.out_def.num_leaves :])
-    return out, jtu.tree_unflatten(
-        parts.out_def, [next(t_out) if f else None for f in parts.out_perturbed]
-    )
+    t_out = results[parts.out_def.num_leaves :]
+    return out, jtu.tree_unflatten(parts.out_def, fill(parts.out_perturbed, t_out))

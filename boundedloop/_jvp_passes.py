@@ -12,7 +12,7 @@ import jax.tree_util as jtu
 
 from ._checks import check_stopped
 from ._forward_sweeps import plain_sweep
-from ._leaves import pick, Residuals
+from ._leaves import fill, pick, Residuals
 from ._loop_jvp import Passes, Spec
 from ._loop_parts import LoopParts
 from ._loop_tangent import loop_tangent, replay_tangent
@@ -104,10 +104,7 @@ class LoopJVP:
                 operands[len(residuals.leaves) :],
             )
             body, _, _, tape = residuals.unpack(res_leaves)
-            cts = iter(cts)
-            ct_x, ct_bufs = jtu.tree_unflatten(
-                out_def, [next(cts) if f else None for f in out_perturbed]
-            )
+            ct_x, ct_bufs = jtu.tree_unflatten(out_def, fill(out_perturbed, cts))
             step = ReversibleStep(body, config.layout, wanted[0], self.parts.perturbed)
             ct_in = reverse_sweep(step, tape, ct_x, ct_bufs, config)
             return pick(wanted, ct_in)

@@ -83,8 +83,22 @@ def everywhere(tree):
     return jtu.tree_map(lambda _: True, tree)
 
 
+def fill(mask, values, absent=lambda k: None) -> list:
+    """`values`, in order, at the positions where `mask` is true, and `absent(k)` at
+    each other position `k` (`None` by default): a flat list of the values that
+    exist (tangents of the perturbed leaves, say) made whole again. Every value is
+    used."""
+    values = list(values)
+    if len(values) != sum(map(bool, mask)):
+        raise AssertionError(
+            f"boundedloop internal error: {len(values)} values for "
+            f"{sum(map(bool, mask))} places; please report it."
+        )
+    it = iter(values)
+    return [next(it) if m else absent(k) for k, m in enumerate(mask)]
+
+
 def spread(wanted, values: list) -> list:
     """`values` for the `wanted` leaves, `None` for the others, in `wanted`'s
     leaf order."""
-    it = iter(values)
-    return [next(it) if w else None for w in jtu.tree_leaves(wanted)]
+    return fill(jtu.tree_leaves(wanted), values)

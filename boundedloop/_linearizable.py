@@ -14,7 +14,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from ._dtypes import is_inexact
 from ._jax_private import closed_jaxpr, jvp_jaxpr
-from ._leaves import jvp_at
+from ._leaves import fill, jvp_at
 from ._loop_jvp import loop_jvp, Passes, Spec
 from ._loop_tangent import loop_tangent, THIRD_ORDER_REVERSE
 
@@ -70,11 +70,10 @@ def linearizable(
             tangent_outputs=tuple(k for k, f in enumerate(with_tangent) if f),
         )
         results = loop_jvp(primals, [tangents[k] for k in where], spec)
-        outs, t_out = results[: len(out_avals)], iter(results[len(out_avals) :])
-        return outs, [
-            next(t_out) if f else SymbolicZero(a.to_tangent_aval())
-            for a, f in zip(out_avals, with_tangent)
-        ]
+        outs, t_out = results[: len(out_avals)], results[len(out_avals) :]
+        return outs, fill(
+            with_tangent, t_out, lambda k: SymbolicZero(out_avals[k].to_tangent_aval())
+        )
 
     wrapped.defjvp(jvp_rule, symbolic_zeros=True)
     return wrapped

@@ -47,7 +47,7 @@ from ._jax_private import (
     set_current_trace,
     Tracer,
 )
-from ._leaves import jvp_at
+from ._leaves import fill, jvp_at
 from ._loop_tangent import loop_tangent, THIRD_ORDER_REVERSE
 
 
@@ -215,10 +215,7 @@ def _transposable_lift(lifted_one_pass, spec: Spec, nonzero):
             return lifted_one_pass(res, lin)[n_out:]
 
         def vjp_fn(res, cts):
-            it = iter(cts)
-            full = [
-                next(it) if f else _zeros(a) for a, f in zip(spec.out_avals, inexact)
-            ]
+            full = fill(inexact, cts, lambda k: _zeros(spec.out_avals[k]))
             if spec.passes.reverse_of_jvp is None:
                 # the JVP of a pass that is itself a second derivative
                 raise RuntimeError(THIRD_ORDER_REVERSE)
@@ -271,11 +268,9 @@ def _loop_jvp_jvp(primals, tangents, *, spec):
     both = loop_jvp(
         list(primals), [t for t in tangents if type(t) is not ad.Zero], lifted
     )
-    t_out = iter(both[n_out:])
-    return both[:n_out], [
-        next(t_out) if f else ad.Zero(a.to_tangent_aval())
-        for a, f in zip(spec.out_avals, inexact)
-    ]
+    return both[:n_out], fill(
+        inexact, both[n_out:], lambda k: ad.Zero(spec.out_avals[k].to_tangent_aval())
+    )
 
 
 def _out_batched(axis_data, spec: Spec, args, axes) -> list[bool]:

@@ -33,6 +33,7 @@ from jax.interpreters import ad, batching, mlir
 from ._batching import sum_unbatched
 from ._dtypes import is_inexact
 from ._forward_sweeps import replay_sweep
+from ._leaves import fill
 from ._shard_map import sum_over_devices, vary_everywhere
 
 
@@ -134,8 +135,7 @@ def _loop_tangent_jvp(primals, tangents, **params):
     if any(floating):
 
         def of_floats(float_res, residuals, linear):
-            it = iter(float_res)
-            full = [next(it) if f else r for f, r in zip(floating, residuals)]
+            full = fill(floating, float_res, lambda k: residuals[k])
             return jvp_fn(full, linear)
 
         float_d = [d for f, d in zip(floating, d_res) if f]

@@ -24,6 +24,7 @@ from ._forward_sweeps import checkpointed_sweep
 from ._leaves import (
     add,
     everywhere,
+    fill,
     flat,
     jvp_at,
     pick,
@@ -133,8 +134,7 @@ class ReverseOverAnything:
             def vjp_fn(res, cts):
                 loop = self.parts.loop(res[:n])
                 _, tape = jtu.tree_unflatten(swept_def.get(), res[n:])
-                it = iter(cts)
-                full = [next(it) if f else None for f in inexact]
+                full = fill(inexact, cts)
                 (ct_x, ct_bufs), ct_tape = jtu.tree_unflatten(swept_def.get(), full)
                 # the tape's final buffers are the loop's: their cotangents add
                 ct_bufs = [add(a, b) for a, b in zip(ct_bufs, ct_tape.bufs)]
@@ -218,12 +218,8 @@ class ReverseOverAnything:
         # a leaf tracing left constant (a Python bool) is an array to the loop
         init = tuple(jnp.asarray(v) for v in init)
         loop = TracedLoop(body, cond, None, init, tape.bufs, self.parts.config.layout)
-        it = iter(cts)
         out_leaves = jtu.tree_leaves((loop.init, loop.bufs))
-        cts = [
-            next(it) if f else zero_ct(o)
-            for o, f in zip(out_leaves, self.parts.out_perturbed)
-        ]
+        cts = fill(self.parts.out_perturbed, cts, lambda k: zero_ct(out_leaves[k]))
         v = jtu.tree_unflatten(
             jtu.tree_structure(self.parts.wanted),
             spread(self.parts.wanted, list(direction)),
@@ -259,11 +255,7 @@ class ReverseOverAnything:
                 return [t for t, f in zip(t_out, with_tangent) if f]
 
             def vjp_fn(res, w):
-                it = iter(w)
-                w = [
-                    next(it) if f else jnp.zeros_like(o)
-                    for o, f in zip(outs, with_tangent)
-                ]
+                w = fill(with_tangent, w, lambda k: jnp.zeros_like(outs[k]))
                 j_w, ct_res = self.residual_hvp(residuals, res[:n_res], res[n_res:], w)
                 ct_cts = [j for j, f in zip(j_w, out_perturbed) if f]
                 full = ct_res + ct_cts
@@ -294,11 +286,7 @@ class ReverseOverAnything:
         n_out = self.parts.out_def.num_leaves
         outs = jtu.tree_leaves((loop.init, loop.bufs))
         u = [zero_ct(o) if c is None else c for o, c in zip(outs, cts[:n_out])]
-        it = iter(cts[n_out:])
-        v = [
-            next(it) if f else zero_ct(o)
-            for o, f in zip(outs, self.parts.out_perturbed)
-        ]
+        v = fill(self.parts.out_perturbed, cts[n_out:], lambda k: zero_ct(outs[k]))
         direction = jtu.tree_unflatten(
             jtu.tree_structure(self.parts.wanted), spread(self.parts.wanted, list(t_in))
         )
