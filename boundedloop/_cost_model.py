@@ -41,13 +41,19 @@ def equations(jaxpr) -> int:
     )
 
 
-# in-place updates: the operand holding the elements they write (the rest of their
-# output is their input, not work)
-UPDATES_AT = {"dynamic_update_slice": 1, "scatter": 2, "scatter-add": 2}
-
-
 def _size(v) -> int:
     return math.prod(getattr(v.aval, "shape", ()))
+
+
+def _written(e) -> int | None:
+    """Elements an in-place update writes (`dynamic_update_slice`'s update, any
+    scatter's updates), `None` for another equation: the rest of its output is its
+    input, not work."""
+    if e.primitive.name == "dynamic_update_slice":
+        return _size(e.invars[1])
+    if e.primitive.name.startswith("scatter"):
+        return _size(e.invars[2])
+    return None
 
 
 def work(jaxpr) -> int:
@@ -61,8 +67,8 @@ def work(jaxpr) -> int:
             lhs = e.invars[0].aval.shape
             size = 2 * math.prod(lhs[d] for d in contracted)
             total += size * _size(e.outvars[0])
-        elif e.primitive.name in UPDATES_AT:
-            total += _size(e.invars[UPDATES_AT[e.primitive.name]])
+        elif (written := _written(e)) is not None:
+            total += written
         else:
             total += sum(map(_size, e.outvars))
         total += sum(map(work, jax.extend.core.jaxprs_in_params(e.params)))
