@@ -10,6 +10,7 @@ from jax import lax
 import boundedloop as bl
 from boundedloop import _cost_model, _store_rules
 from boundedloop._checked_store import CheckedStore
+from boundedloop._leaves import fill
 from boundedloop._recompute import split_rule
 from boundedloop._schedule import (
     _merge_choice,
@@ -442,3 +443,13 @@ def test_a_value_crossing_a_trace_is_checked():
     assert store.get() == jax.tree.structure((0, 0))
     with pytest.raises(AssertionError, match="changed between two traces"):
         store.set(jax.tree.structure((1, 2, 3)))
+
+
+def test_fill_puts_values_where_the_mask_is_and_uses_every_one():
+    """`_leaves.fill`: the flat list of values that exist (tangents of perturbed
+    leaves) made whole, `absent(k)` elsewhere; a count that does not match is an
+    error, not a silently shifted list."""
+    assert fill([True, False, True], ["a", "b"]) == ["a", None, "b"]
+    assert fill([False, True], [7], lambda k: -k) == [0, 7]
+    with pytest.raises(AssertionError, match="2 values for 1 places"):
+        fill([True, False], [1, 2])
