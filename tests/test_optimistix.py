@@ -276,6 +276,14 @@ def test_default_checkpoints_are_recursive_checkpoint_adjoints(monkeypatch):
     assert given == [7, 3, None]
 
 
+@pytest.mark.xfail(
+    jax.default_backend() == "tpu",
+    run=False,  # it would end the test process
+    reason="on a TPU v5e (JAX 0.10.2) XLA's compiler aborts the process compiling "
+    "the guide's `jax.hessian`: memory-space assignment's 'Check failed: "
+    "preferred_offset->offset == required_assignment...offset (4096 vs. 36864) ... "
+    "Aliased use'; see the limitations page",
+)
 def test_guide_example_prints_what_it_says():
     guide = pathlib.Path(__file__).parent.parent / "docs" / "guides" / "optimistix.md"
     code = re.search(r"```python\n(.*?)```", guide.read_text(), re.S).group(1)
