@@ -10,8 +10,9 @@ collects the tests (with the pytest arguments given, e.g. files or `-m`) into
 (`-n 0`: one process at a time can hold a TPU), with `-v`, and interrupts pytest
 (as Ctrl-C does) when `--seconds` have passed. The outcome of each test that
 finished is kept in the state file, and the next call goes on from there. A test cut
-off mid-run is run again from its start. Each call prints the counts so far and the
-failures' names. Exits 0 when every test has run and none failed, 1 when one
+off mid-run is run again from its start. A test during which the process dies (an
+abort in a compiler, say) is recorded as CRASHED, and the next part goes on after it.
+Each call prints the counts so far and the failures' names. Exits 0 when every test has run and none failed, 1 when one
 failed (the outcome line says which), 2 when tests are left to run.
 """
 
@@ -27,7 +28,7 @@ import time
 
 
 OUTCOME = re.compile(r"^(\S+\.py::.+?) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
-FAILING = {"FAILED", "ERROR", "XPASS"}
+FAILING = {"FAILED", "ERROR", "XPASS", "CRASHED"}
 
 
 def collect(pytest_args: list[str]) -> list[str]:
@@ -45,7 +46,8 @@ def collect(pytest_args: list[str]) -> list[str]:
 
 
 def run_part(ids: list[str], seconds: float) -> dict:
-    """Runs `ids` until they end or `seconds` pass; the outcome of each that ended."""
+    """Runs `ids` until they end or `seconds` pass; the outcome of each that ended,
+    and CRASHED for the one running when the process died, if it did."""
     command = [sys.executable, "-m", "pytest", "-n", "0", "-p", "no:cacheprovider"]
     process = subprocess.Popen(
         [*command, "-v", "--tb=short", *ids],
@@ -54,6 +56,7 @@ def run_part(ids: list[str], seconds: float) -> dict:
         text=True,
     )
     outcomes = {}
+    started = []  # `-v` prints a test's id as it starts, its outcome as it ends
 
     def read():
         for line in process.stdout:
@@ -61,6 +64,8 @@ def run_part(ids: list[str], seconds: float) -> dict:
             found = OUTCOME.match(line)
             if found:
                 outcomes[found[1]] = found[2]
+            elif "::" in line:
+                started.extend(t for t in ids if line.startswith(t + " "))
 
     reader = threading.Thread(target=read)
     reader.start()
@@ -70,6 +75,9 @@ def run_part(ids: list[str], seconds: float) -> dict:
         process.send_signal(signal.SIGINT)  # pytest reports, then stops
         process.wait()
     reader.join()
+    died = process.returncode < 0 or process.returncode > 5  # not pytest's own codes
+    if died and started and started[-1] not in outcomes:
+        outcomes[started[-1]] = "CRASHED"
     return outcomes
 
 

@@ -1,5 +1,6 @@
 """`tests/run_in_parts.py`: a part stopped by its time limit keeps the outcomes of
-the tests that ended, and the next part runs the rest."""
+the tests that ended, and the next part runs the rest; a test that kills the
+process is recorded and passed over."""
 
 import json
 import pathlib
@@ -53,3 +54,33 @@ def test_a_part_cut_off_resumes_where_it_stopped(tmp_path):
     assert sorted(outcomes.values()) == ["FAILED", "PASSED", "PASSED"]
     last = second.stdout.splitlines()[-1]
     assert last.startswith("FAILED") and "test_fails" in last
+
+
+CRASHING = """
+import os
+
+def test_before():
+    pass
+
+def test_aborts():  # as a compiler's failed check does: no outcome, no report
+    os.abort()
+
+def test_after():
+    pass
+"""
+
+
+def test_a_test_that_kills_the_process_is_recorded_and_passed_over(tmp_path):
+    (tmp_path / "test_tiny.py").write_text(CRASHING)
+    first = _part(tmp_path, 60)
+    assert first.returncode == 1, first.stdout[-2000:]
+    outcomes = json.loads((tmp_path / "state.json").read_text())["outcomes"]
+    assert outcomes == {
+        "test_tiny.py::test_before": "PASSED",
+        "test_tiny.py::test_aborts": "CRASHED",
+    }
+    second = _part(tmp_path, 60)
+    assert second.returncode == 1, second.stdout[-2000:]  # the crash is a failure
+    outcomes = json.loads((tmp_path / "state.json").read_text())["outcomes"]
+    assert outcomes["test_tiny.py::test_after"] == "PASSED"
+    assert second.stdout.splitlines()[-1] == "CRASHED test_tiny.py::test_aborts"
