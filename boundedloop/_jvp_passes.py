@@ -13,7 +13,7 @@ import jax.tree_util as jtu
 from ._checks import check_stopped
 from ._forward_sweeps import plain_sweep
 from ._leaves import fill, pick, Residuals
-from ._loop_jvp import Passes, Spec
+from ._loop_jvp import custom_jvp_spec, Passes, Primal, Spec
 from ._loop_parts import LoopParts
 from ._loop_tangent import loop_tangent, replay_tangent
 from ._reverse_sweep import reverse_sweep
@@ -131,18 +131,14 @@ class LoopJVP:
 
     def spec(self) -> Spec:
         """The `loop_jvp` primitive's parameter for this loop."""
-        return Spec(
+        n_outputs = self.parts.out_def.num_leaves
+        return custom_jvp_spec(
             Passes(
-                self.one_pass,
-                self.two_pass,
-                self.staged,
-                self.primal,
-                self.second.reverse_of_jvp,
+                self.one_pass, self.two_pass, self.staged, self.second.reverse_of_jvp
             ),
+            Primal(self.primal, self.tangent_inputs(), self.tangent_outputs()),
             n_primals=len(self.parts.leaves),
-            n_outputs=self.parts.out_def.num_leaves,
-            out_avals=self.out_avals,
+            out_avals=self.out_avals[:n_outputs],
+            t_avals=self.out_avals[n_outputs:],
             effects=self.parts.effects,
-            tangent_inputs=self.tangent_inputs(),
-            tangent_outputs=self.tangent_outputs(),
         )

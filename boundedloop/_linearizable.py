@@ -15,7 +15,7 @@ from jax.custom_derivatives import SymbolicZero
 from ._dtypes import is_inexact
 from ._jax_private import closed_jaxpr, jvp_jaxpr
 from ._leaves import fill, jvp_at
-from ._loop_jvp import loop_jvp, Passes, Spec
+from ._loop_jvp import custom_jvp_spec, loop_jvp, Passes, Primal
 from ._loop_tangent import loop_tangent, THIRD_ORDER_REVERSE
 
 
@@ -59,15 +59,13 @@ def linearizable(
             def linearized(ps, ts):
                 return two_pass(ps, where, ts, with_tangent)
 
-        t_avals = _tangent_avals(out_avals, with_tangent)
-        spec = Spec(
-            Passes(one_pass, linearized, primal=fn),
+        spec = custom_jvp_spec(
+            Passes(one_pass, linearized),
+            Primal(fn, tuple(where), tuple(k for k, f in enumerate(with_tangent) if f)),
             n_primals=len(primals),
-            n_outputs=len(out_avals),
-            out_avals=tuple(out_avals) + t_avals,
+            out_avals=out_avals,
+            t_avals=_tangent_avals(out_avals, with_tangent),
             effects=effects,
-            tangent_inputs=tuple(where),
-            tangent_outputs=tuple(k for k, f in enumerate(with_tangent) if f),
         )
         results = loop_jvp(primals, [tangents[k] for k in where], spec)
         outs, t_out = results[: len(out_avals)], results[len(out_avals) :]

@@ -59,33 +59,75 @@ class Passes(NamedTuple):
     """The two implementations of the loop's JVP, each
     `(primals, tangents) -> outputs + output tangents` on flat lists; and, for the
     primitive as the loop binds it (not its JVP or batched forms), `two_pass` in
-    stages: `primals -> (outputs, tangents -> output tangents)`.
-
-    `primal`, `primals -> outputs`, is the function the JVP is the JVP of (the
-    custom JVP's primal). Under `vmap` the outputs must be batched exactly as its
-    outputs are (see `_loop_jvp_batch`); `None` where no custom JVP constrains them."""
+    stages: `primals -> (outputs, tangents -> output tangents)`."""
 
     one_pass: Callable
     two_pass: Callable
     staged: Callable | None = None
-    primal: Callable | None = None
     # `(primals, tangents, cts) -> (primal cts, tangent cts)`: the transpose of this
     # JVP's own linearization (reverse over forward); `None`: not transposable
     reverse_of_jvp: Callable | None = None
 
 
+class Primal(NamedTuple):
+    """What the JVP is the JVP of, where a custom JVP binds it: `fn`,
+    `primals -> outputs` on flat lists; per tangent operand, the position of its
+    primal; per output tangent, the position of its output. Under `vmap` the
+    outputs must be batched exactly as `fn`'s are (see `_out_batched`)."""
+
+    fn: Callable
+    tangent_inputs: tuple[int, ...]
+    tangent_outputs: tuple[int, ...]
+
+
 class Spec(NamedTuple):
-    """The primitive's one parameter."""
+    """The primitive's one parameter. Made by `custom_jvp_spec` where a custom JVP
+    binds the primitive; its JVP and batching rules each make theirs from it
+    (`_lifted_spec`, `_batched_spec`)."""
 
     passes: Passes
+    # `None` in the JVP of the JVP, already differentiated: no custom JVP
+    # constrains the outputs' batching there
+    primal: Primal | None
     n_primals: int  # operands: `n_primals` primals, then tangents
     n_outputs: int  # results: `n_outputs` outputs, then tangents
     out_avals: tuple
     effects: frozenset
-    # per tangent operand, the primal it is the tangent of; per output tangent, the
-    # output it is the tangent of (`None`: not known, see `_loop_jvp_batch`)
-    tangent_inputs: tuple[int, ...] | None = None
-    tangent_outputs: tuple[int, ...] | None = None
+
+
+def custom_jvp_spec(
+    passes: Passes,
+    primal: Primal,
+    n_primals: int,
+    out_avals,
+    t_avals,
+    effects: frozenset,
+) -> Spec:
+    """The parameter of the primitive as a custom JVP rule binds it.
+
+    **Arguments:**
+
+    - `passes`: the JVP's implementations.
+    - `primal`: what it is the JVP of.
+    - `n_primals`: the number of `primal.fn`'s operands.
+    - `out_avals`: the types of `primal.fn`'s outputs.
+    - `t_avals`: the types of the output tangents, one per `primal.tangent_outputs`.
+    - `effects`: the loop's effects.
+
+    **Returns:**
+
+    The `Spec`, for `loop_jvp`.
+    """
+    if len(t_avals) != len(primal.tangent_outputs):
+        raise AssertionError("one tangent type per output with a tangent")
+    return Spec(
+        passes,
+        primal,
+        n_primals=n_primals,
+        n_outputs=len(out_avals),
+        out_avals=tuple(out_avals) + tuple(t_avals),
+        effects=effects,
+    )
 
 
 def loop_jvp(primals: list, tangents: list, spec: Spec) -> list:
@@ -101,6 +143,10 @@ def loop_jvp(primals: list, tangents: list, spec: Spec) -> list:
 
     The outputs, then the tangents of those that are perturbed.
     """
+    if len(primals) != spec.n_primals or (
+        spec.primal is not None and len(tangents) != len(spec.primal.tangent_inputs)
+    ):
+        raise AssertionError("the operands do not match the spec")
     return loop_jvp_p.bind(*primals, *tangents, spec=spec)
 
 
@@ -254,22 +300,28 @@ def _loop_jvp_jvp(primals, tangents, *, spec):
     if not any(nonzero):
         out = loop_jvp_p.bind(*primals, spec=spec)
         return out, [ad.Zero(a.to_tangent_aval()) for a in spec.out_avals]
-    passes = spec.passes
-    one_pass = _lift(passes.one_pass, spec, nonzero)
-    two_pass = _transposable_lift(one_pass, spec, nonzero)
-    lifted = Spec(
-        Passes(one_pass, two_pass),
-        n_primals=len(primals),
-        n_outputs=n_out,
-        out_avals=spec.out_avals
-        + tuple(a.to_tangent_aval() for a, f in zip(spec.out_avals, inexact) if f),
-        effects=spec.effects,
-    )
-    both = loop_jvp(
-        list(primals), [t for t in tangents if type(t) is not ad.Zero], lifted
+    lifted = _lifted_spec(spec, nonzero)
+    both = loop_jvp_p.bind(
+        *primals, *[t for t in tangents if type(t) is not ad.Zero], spec=lifted
     )
     return both[:n_out], fill(
         inexact, both[n_out:], lambda k: ad.Zero(spec.out_avals[k].to_tangent_aval())
+    )
+
+
+def _lifted_spec(spec: Spec, nonzero: list[bool]) -> Spec:
+    """The JVP rule's parameter: the JVP of `spec`'s passes, at the operands that
+    are `nonzero`; its operands `spec`'s, then their tangents; its results `spec`'s
+    results, then the tangents of the inexact ones."""
+    one_pass = _lift(spec.passes.one_pass, spec, nonzero)
+    t_avals = tuple(a.to_tangent_aval() for a in spec.out_avals if is_inexact(a))
+    return Spec(
+        Passes(one_pass, _transposable_lift(one_pass, spec, nonzero)),
+        primal=None,
+        n_primals=len(nonzero),
+        n_outputs=len(spec.out_avals),
+        out_avals=spec.out_avals + t_avals,
+        effects=spec.effects,
     )
 
 
@@ -290,20 +342,20 @@ def _out_batched(axis_data, spec: Spec, args, axes) -> list[bool]:
     """
     n_primals, n_outputs = spec.n_primals, spec.n_outputs
     in_batched = [a is not None for a in axes]
-    primal = spec.passes.primal
-    if primal is None or spec.tangent_inputs is None:
+    primal = spec.primal
+    if primal is None:
         return [any(in_batched[:n_primals])] * n_outputs + [True] * (
             len(spec.out_avals) - n_outputs
         )
     if not any(in_batched[:n_primals]):
         out_batched = [False] * n_outputs
     else:
-        out_batched = _primal_batched(axis_data, primal, args[:n_primals], axes)
+        out_batched = _primal_batched(axis_data, primal.fn, args[:n_primals], axes)
     t_batched = in_batched[n_primals:]
     tangent_only = any(
-        t and not in_batched[k] for t, k in zip(t_batched, spec.tangent_inputs)
+        t and not in_batched[k] for t, k in zip(t_batched, primal.tangent_inputs)
     )
-    t_out = [tangent_only or out_batched[k] for k in spec.tangent_outputs]
+    t_out = [tangent_only or out_batched[k] for k in primal.tangent_outputs]
     return list(out_batched) + t_out
 
 
@@ -368,31 +420,36 @@ def _loop_jvp_batch(axis_data, args, dims, *, spec):
 
         return run
 
-    out_avals = tuple(
-        a if ax is None else jax.extend.core.unmapped_aval(size, 0, a)
-        for a, ax in zip(spec.out_avals, out_axes)
-    )
-    primal = spec.passes.primal
-    batched_primal = None
-    if primal is not None and not any(a == 0 for a in in_axes[0]):
-        batched_primal = primal  # only tangents are batched (`jacfwd`)
-    elif primal is not None:
-        batched_primal = jax.vmap(
-            primal, in_axes=(in_axes[0],), out_axes=out_axes[: spec.n_outputs]
+    batched_spec = _batched_spec(spec, batched, in_axes, out_axes, size)
+    return loop_jvp_p.bind(*args, spec=batched_spec), out_axes
+
+
+def _batched_spec(spec: Spec, batched, in_axes, out_axes, size: int) -> Spec:
+    """The batching rule's parameter: `spec` with its passes `batched`, its primal
+    and its reverse over forward vmapped over `in_axes`, and its outputs' types
+    given the batch axes `out_axes`. (`staged` is the unbatched loop's alone.)"""
+    primal = spec.primal
+    if primal is not None and any(a == 0 for a in in_axes[0]):
+        fn = jax.vmap(
+            primal.fn, in_axes=(in_axes[0],), out_axes=out_axes[: spec.n_outputs]
         )
-    batched_reverse = None
-    if spec.passes.reverse_of_jvp is not None:
-        batched_reverse = _batched_reverse_of_jvp(
-            spec.passes.reverse_of_jvp, in_axes, out_axes, size
+        primal = primal._replace(fn=fn)
+    # else only tangents are batched (`jacfwd`): the primal is unchanged
+    reverse_of_jvp = spec.passes.reverse_of_jvp
+    if reverse_of_jvp is not None:
+        reverse_of_jvp = _batched_reverse_of_jvp(
+            reverse_of_jvp, in_axes, out_axes, size
         )
     passes = Passes(
         batched(spec.passes.one_pass),
         batched(spec.passes.two_pass),
-        primal=batched_primal,
-        reverse_of_jvp=batched_reverse,
+        reverse_of_jvp=reverse_of_jvp,
     )
-    batched_spec = spec._replace(passes=passes, out_avals=out_avals)
-    return loop_jvp_p.bind(*args, spec=batched_spec), out_axes
+    out_avals = tuple(
+        a if ax is None else jax.extend.core.unmapped_aval(size, 0, a)
+        for a, ax in zip(spec.out_avals, out_axes)
+    )
+    return spec._replace(passes=passes, primal=primal, out_avals=out_avals)
 
 
 loop_jvp_p.def_impl(_loop_jvp_impl)

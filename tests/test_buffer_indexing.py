@@ -141,7 +141,9 @@ def test_a_whole_read_updates_the_cotangent_without_copying_it():
         # beside the fusion that reads the whole buffer, where XLA's CPU backend
         # updates in place. The cotangent is not copied there, but this count does
         # not yet tell the two buffers apart.
-        pytest.skip("on a TPU the forward recomputation copies the buffer; see the comment")
+        pytest.skip(
+            "on a TPU the forward recomputation copies the buffer; see the comment"
+        )
     hlo = jax.jit(jax.grad(ours("whole", 2))).lower(X).compile().as_text()
     shape = "f32[" + ",".join(map(str, SHAPE)) + "]"
     assert copies_in_while_bodies(hlo, shape) == []

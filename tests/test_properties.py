@@ -26,7 +26,7 @@ from jax import lax
 
 import boundedloop as bl
 
-from .helpers import ACCELERATOR_RTOL, accelerator_atol, on_host, tree_allclose
+from .helpers import accelerator_atol, ACCELERATOR_RTOL, on_host, tree_allclose
 
 
 ROWS = 40  # buffer rows: more than any trip count drawn below

@@ -11,6 +11,7 @@ import boundedloop as bl
 from boundedloop import _cost_model, _store_rules
 from boundedloop._checked_store import CheckedStore
 from boundedloop._leaves import fill
+from boundedloop._loop_jvp import custom_jvp_spec, loop_jvp, Passes, Primal
 from boundedloop._recompute import split_rule
 from boundedloop._schedule import (
     _merge_choice,
@@ -453,3 +454,21 @@ def test_fill_puts_values_where_the_mask_is_and_uses_every_one():
     assert fill([False, True], [7], lambda k: -k) == [0, 7]
     with pytest.raises(AssertionError, match="2 values for 1 places"):
         fill([True, False], [1, 2])
+
+
+def test_a_custom_jvp_spec_states_its_primal_whole():
+    """`_loop_jvp.custom_jvp_spec`: the batching rule's knowledge of the primal (its
+    function and where each tangent belongs) is one `Primal`, never part of one; a
+    tangent type per output tangent, and operands that match, or an error (a `Spec`
+    that lost a field once switched batching to "every output batched")."""
+    f32 = jax.core.ShapedArray((), jnp.float32)
+    passes = Passes(lambda p, t: p + t, lambda p, t: p + t)
+    primal = Primal(lambda p: p, tangent_inputs=(0,), tangent_outputs=(0,))
+    spec = custom_jvp_spec(passes, primal, 1, (f32,), (f32,), frozenset())
+    assert spec.primal is primal and spec.out_avals == (f32, f32)
+    with pytest.raises(AssertionError, match="one tangent type per output"):
+        custom_jvp_spec(passes, primal, 1, (f32,), (), frozenset())
+    with pytest.raises(AssertionError, match="do not match the spec"):
+        loop_jvp([jnp.float32(1.0)], [], spec)
+    with pytest.raises(TypeError):
+        Primal(lambda p: p, tangent_inputs=(0,))  # the outputs' part is not optional
