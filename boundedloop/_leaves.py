@@ -40,9 +40,12 @@ class Residuals:
 
 
 def zero_ct(x):
-    """A zero cotangent for `x` (`float0` for integers; `x` may be a constant that
-    tracing left a Python scalar)."""
-    dtype, shape = jnp.result_type(x), jnp.shape(x)
+    """A zero cotangent for `x`, a value or its type (`float0` for integers; `x` may
+    be a constant that tracing left a Python scalar)."""
+    if hasattr(x, "shape") and hasattr(x, "dtype"):  # an array or an aval
+        dtype, shape = x.dtype, x.shape
+    else:
+        dtype, shape = jnp.result_type(x), jnp.shape(x)
     if jnp.issubdtype(dtype, jnp.inexact):
         return jnp.zeros(shape, dtype)
     return np.zeros(shape, jax.dtypes.float0)

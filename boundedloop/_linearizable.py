@@ -1,7 +1,7 @@
 """Any function behind the loop's dispatch: one pass when evaluated, two when
 linearized, so that an outer reverse pass can transpose it.
 
-`linearizable(fn, two_pass, effects)` wraps the loop's own sweeps (the checkpointed
+`linearizable(fn, transpose, effects)` wraps the loop's own sweeps (the checkpointed
 sweep, the reverse sweep) when a gradient is itself differentiated (see
 `_second_order`). Its custom JVP binds `loop_jvp_p` (`_loop_jvp`), whose rules pick
 the pass, batch it, and differentiate it again.
@@ -16,21 +16,27 @@ from ._dtypes import is_inexact
 from ._jax_private import closed_jaxpr, jvp_jaxpr
 from ._leaves import fill, jvp_at
 from ._loop_jvp import custom_jvp_spec, loop_jvp, Passes, Primal
-from ._loop_tangent import loop_tangent, THIRD_ORDER_REVERSE
+from ._loop_tangent import outputs_and_tangent
 
 
 def linearizable(
-    fn: Callable, two_pass: Callable | None, effects: frozenset
+    fn: Callable,
+    transpose: Callable | None,
+    effects: frozenset,
+    *,
+    keep_outputs: bool = False,
 ) -> Callable:
     """`fn` (a flat list of arrays to a flat list of arrays) behind a custom JVP that
-    JAX evaluates in one pass (`jax.jvp` of `fn`) and linearizes in two:
-    `two_pass(primals, where, tangents, with_tangent)`, `where` the positions of the
-    perturbed primals, returns the outputs and the tangents of those marked in
-    `with_tangent` (the inexact ones that depend on a perturbed primal), the tangents
-    typically a `loop_tangent` whose transpose is written by hand. This is how the
-    loop's own sweeps stay differentiable when an outer reverse pass differentiates
-    a gradient (see `_autodiff`). With `two_pass=None` the linearized tangent
-    cannot be transposed: that raises a clear error (a third reverse pass)."""
+    JAX evaluates in one pass (`jax.jvp` of `fn`) and linearizes in two: `fn` now,
+    and its tangent as a `loop_tangent` transposed by hand
+    (`_loop_tangent.outputs_and_tangent`). `transpose(where, with_tangent)` makes
+    that transpose, `(res, cts) -> cotangents of primals[where]`, given the
+    positions `where` of the perturbed primals and which outputs get tangents
+    (`with_tangent`: the inexact ones that depend on a perturbed primal); `res` are
+    the primals, then `fn`'s outputs with `keep_outputs`. This is how the loop's
+    own sweeps stay differentiable when an outer reverse pass differentiates a
+    gradient (see `_autodiff`). With `transpose=None` the linearized tangent cannot
+    be transposed: that raises a clear error (a third reverse pass)."""
 
     @jax.custom_jvp
     def wrapped(*leaves):
@@ -52,19 +58,28 @@ def linearizable(
             out, t_out = jvp_at(fn, ps, where, ts)
             return list(out) + [t for t, f in zip(t_out, with_tangent) if f]
 
-        if two_pass is None:
-            linearized = _untransposable(fn, one_pass, out_avals, with_tangent, effects)
-        else:
+        by_hand = None if transpose is None else transpose(where, with_tangent)
 
-            def linearized(ps, ts):
-                return two_pass(ps, where, ts, with_tangent)
+        def two_pass(ps, ts):
+            return outputs_and_tangent(
+                fn,
+                ps,
+                where,
+                ts,
+                with_tangent,
+                by_hand,
+                effects,
+                keep_outputs=keep_outputs,
+            )
 
         spec = custom_jvp_spec(
-            Passes(one_pass, linearized),
+            Passes(one_pass, two_pass),
             Primal(fn, tuple(where), tuple(k for k, f in enumerate(with_tangent) if f)),
             n_primals=len(primals),
             out_avals=out_avals,
-            t_avals=_tangent_avals(out_avals, with_tangent),
+            t_avals=tuple(
+                a.to_tangent_aval() for a, f in zip(out_avals, with_tangent) if f
+            ),
             effects=effects,
         )
         results = loop_jvp(primals, [tangents[k] for k in where], spec)
@@ -75,10 +90,6 @@ def linearizable(
 
     wrapped.defjvp(jvp_rule, symbolic_zeros=True)
     return wrapped
-
-
-def _tangent_avals(out_avals, with_tangent) -> tuple:
-    return tuple(a.to_tangent_aval() for a, f in zip(out_avals, with_tangent) if f)
 
 
 def _outputs_with_tangents(fn, primals, where) -> tuple[list, list[bool]]:
@@ -96,28 +107,3 @@ def _outputs_with_tangents(fn, primals, where) -> tuple[list, list[bool]]:
     _, out_nonzero = jvp_jaxpr(jaxpr, nonzeros, instantiate=False)
     out_avals = list(jaxpr.out_avals)
     return out_avals, [is_inexact(a) and nz for a, nz in zip(out_avals, out_nonzero)]
-
-
-def _untransposable(fn, one_pass, out_avals, with_tangent, effects) -> Callable:
-    """The two-pass form of a pass that is itself a second derivative: `fn` now, its
-    tangent as a `loop_tangent` that evaluates `one_pass` and whose transpose (a
-    third reverse pass) raises `THIRD_ORDER_REVERSE`."""
-
-    def jvp_fn(res, lin):
-        return one_pass(res, lin)[len(out_avals) :]
-
-    def vjp_fn(res, cts):
-        raise RuntimeError(THIRD_ORDER_REVERSE)
-
-    def linearized(ps, ts):
-        t_out = loop_tangent(
-            list(ps),
-            list(ts),
-            jvp_fn=jvp_fn,
-            vjp_fn=vjp_fn,
-            out_avals=_tangent_avals(out_avals, with_tangent),
-            loop_effects=effects,
-        )
-        return list(fn(list(ps))) + list(t_out)
-
-    return linearized

@@ -30,7 +30,6 @@ from typing import NamedTuple
 import jax
 import jax.extend.core
 import jax.numpy as jnp
-import numpy as np
 from jax.dtypes import float0
 from jax.interpreters import ad, batching, mlir
 
@@ -47,8 +46,8 @@ from ._jax_private import (
     set_current_trace,
     Tracer,
 )
-from ._leaves import fill, jvp_at
-from ._loop_tangent import loop_tangent, THIRD_ORDER_REVERSE
+from ._leaves import fill, jvp_at, zero_ct
+from ._loop_tangent import outputs_and_tangent
 
 
 loop_jvp_p = jax.extend.core.Primitive("boundedloop_loop_jvp")
@@ -227,70 +226,53 @@ def _loop_jvp_partial_eval_custom(saveable, unks_in, inst_in, eqn):
 
 
 def _lift(fn, spec: Spec, nonzero):
-    """`fn`'s JVP, in the same form: primals (`fn`'s operands), then the tangents of
-    those that are `nonzero`, in; outputs then the tangents of the inexact ones, out."""
+    """`fn` (one of `spec`'s passes, `(primals, tangents) -> results`) on one flat
+    list of operands, and its JVP at the operands that are `nonzero` in the form
+    of a pass: operands, then their tangents, in; results, then the tangents of
+    the inexact ones, out."""
     where = [k for k, nz in enumerate(nonzero) if nz]
+    inexact = [is_inexact(a) for a in spec.out_avals]
+
+    def flat_fn(args):
+        return fn(args[: spec.n_primals], args[spec.n_primals :])
 
     def lifted(primals, tangents):
-        def flat_fn(args):
-            return fn(args[: spec.n_primals], args[spec.n_primals :])
-
         out, t_out = jvp_at(flat_fn, primals, where, tangents)
-        return list(out) + [t for a, t in zip(spec.out_avals, t_out) if is_inexact(a)]
+        return list(out) + [t for t, f in zip(t_out, inexact) if f]
 
-    return lifted
+    return flat_fn, lifted
 
 
-def _transposable_lift(lifted_one_pass, spec: Spec, nonzero):
+def _transposable_lift(flat_one_pass, spec: Spec, nonzero):
     """The JVP of the loop's JVP, linearized (reverse over forward): the loop's JVP
     now, and its tangent as a linear `loop_tangent` whose transpose is
     `spec.passes.reverse_of_jvp` (a forward-over-reverse product; the loops in
-    `lifted_one_pass` cannot be transposed)."""
+    the one pass cannot be transposed), or none if that is `None` (the JVP of a
+    pass that is itself a second derivative)."""
     where = [k for k, nz in enumerate(nonzero) if nz]
-    n_args = len(nonzero)
-    n_out = len(spec.out_avals)
     inexact = [is_inexact(a) for a in spec.out_avals]
-    t_avals = tuple(a.to_tangent_aval() for a, f in zip(spec.out_avals, inexact) if f)
+    reverse_of_jvp = spec.passes.reverse_of_jvp
+
+    def transpose(res, cts):
+        cts = [zero_ct(a) if c is None else c for c, a in zip(cts, spec.out_avals)]
+        ct_p, ct_t = reverse_of_jvp(
+            list(res[: spec.n_primals]), list(res[spec.n_primals :]), cts
+        )
+        ct_all = list(ct_p) + list(ct_t)
+        return [ct_all[k] for k in where]
 
     def two_pass(primals, tangents):
-        outs = spec.passes.one_pass(
-            list(primals[: spec.n_primals]), list(primals[spec.n_primals :])
+        return outputs_and_tangent(
+            flat_one_pass,
+            primals,
+            where,
+            tangents,
+            inexact,
+            None if reverse_of_jvp is None else transpose,
+            spec.effects,
         )
-
-        def jvp_fn(res, lin):
-            return lifted_one_pass(res, lin)[n_out:]
-
-        def vjp_fn(res, cts):
-            full = fill(inexact, cts, lambda k: _zeros(spec.out_avals[k]))
-            if spec.passes.reverse_of_jvp is None:
-                # the JVP of a pass that is itself a second derivative
-                raise RuntimeError(THIRD_ORDER_REVERSE)
-            ct_p, ct_t = spec.passes.reverse_of_jvp(
-                list(res[: spec.n_primals]), list(res[spec.n_primals :]), full
-            )
-            ct_all = list(ct_p) + list(ct_t)
-            assert len(ct_all) == n_args
-            return [ct_all[k] for k in where]
-
-        t_out = loop_tangent(
-            list(primals),
-            list(tangents),
-            jvp_fn=jvp_fn,
-            vjp_fn=vjp_fn,
-            out_avals=t_avals,
-            loop_effects=spec.effects,
-        )
-        return list(outs) + list(t_out)
 
     return two_pass
-
-
-def _zeros(aval):
-    """A zero cotangent for a value of type `aval` (`float0` for integers)."""
-    t = aval.to_tangent_aval()
-    return (
-        np.zeros(t.shape, t.dtype) if t.dtype == float0 else jnp.zeros(t.shape, t.dtype)
-    )
 
 
 def _loop_jvp_jvp(primals, tangents, *, spec):
@@ -313,10 +295,10 @@ def _lifted_spec(spec: Spec, nonzero: list[bool]) -> Spec:
     """The JVP rule's parameter: the JVP of `spec`'s passes, at the operands that
     are `nonzero`; its operands `spec`'s, then their tangents; its results `spec`'s
     results, then the tangents of the inexact ones."""
-    one_pass = _lift(spec.passes.one_pass, spec, nonzero)
+    flat_one_pass, one_pass = _lift(spec.passes.one_pass, spec, nonzero)
     t_avals = tuple(a.to_tangent_aval() for a in spec.out_avals if is_inexact(a))
     return Spec(
-        Passes(one_pass, _transposable_lift(one_pass, spec, nonzero)),
+        Passes(one_pass, _transposable_lift(flat_one_pass, spec, nonzero)),
         primal=None,
         n_primals=len(nonzero),
         n_outputs=len(spec.out_avals),

@@ -33,7 +33,7 @@ from jax.interpreters import ad, batching, mlir
 from ._batching import sum_unbatched
 from ._dtypes import is_inexact
 from ._forward_sweeps import replay_sweep
-from ._leaves import fill
+from ._leaves import fill, jvp_at
 from ._shard_map import sum_over_devices, vary_everywhere
 
 
@@ -262,3 +262,63 @@ batching.primitive_batchers[loop_tangent_p] = _loop_tangent_batch
 mlir.register_lowering(
     loop_tangent_p, mlir.lower_fun(_loop_tangent_impl, multiple_results=True)
 )
+
+
+def outputs_and_tangent(
+    fn,
+    primals,
+    where,
+    tangents,
+    with_tangent,
+    transpose,
+    effects,
+    *,
+    keep_outputs=False,
+) -> list:
+    """The two-pass form of `fn`, as every hand-transposed pass makes it: `fn` now,
+    and its linearization as a `loop_tangent` that JAX evaluates as the JVP of `fn`
+    and transposes by `transpose`.
+
+    **Arguments:**
+
+    - `fn`: a list of arrays to a list of arrays.
+    - `primals`: its operands.
+    - `where`: the positions of the perturbed ones.
+    - `tangents`: their tangents.
+    - `with_tangent`: per output, whether it gets a tangent (the inexact outputs
+        that depend on a perturbed operand).
+    - `transpose`: `(res, cts) -> cotangents of primals[where]`, `res` the primals
+        (then `fn`'s outputs, with `keep_outputs`), `cts` one per output (`None`
+        where it has no tangent); `None`: not transposable, a third reverse pass,
+        which raises `THIRD_ORDER_REVERSE`.
+    - `effects`: `fn`'s effects.
+    - `keep_outputs`: whether `transpose` reads `fn`'s outputs as well.
+
+    **Returns:**
+
+    `fn`'s outputs, then the tangents of those marked `with_tangent`.
+    """
+    primals = list(primals)
+    outs = list(fn(primals))
+    n = len(primals)
+
+    def jvp_fn(res, ts):
+        t_out = jvp_at(fn, res[:n], where, ts)[1]
+        return [t for t, f in zip(t_out, with_tangent) if f]
+
+    def vjp_fn(res, cts):
+        if transpose is None:
+            raise RuntimeError(THIRD_ORDER_REVERSE)
+        return transpose(res, fill(with_tangent, cts))
+
+    t_out = loop_tangent(
+        primals + (outs if keep_outputs else []),
+        list(tangents),
+        jvp_fn=jvp_fn,
+        vjp_fn=vjp_fn,
+        out_avals=tuple(
+            jax.typeof(o).to_tangent_aval() for o, f in zip(outs, with_tangent) if f
+        ),
+        loop_effects=effects,
+    )
+    return outs + list(t_out)

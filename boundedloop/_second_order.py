@@ -26,7 +26,6 @@ from ._leaves import (
     everywhere,
     fill,
     flat,
-    jvp_at,
     pick,
     Residuals,
     spread,
@@ -34,7 +33,6 @@ from ._leaves import (
 )
 from ._linearizable import linearizable
 from ._loop_parts import LoopParts
-from ._loop_tangent import loop_tangent
 from ._perturbation import Perturbed, perturbed_leaves
 from ._reverse_sweep import reverse_sweep
 from ._step import ReversibleStep
@@ -118,62 +116,49 @@ class ReverseOverAnything:
             swept_def.set(treedef)
             return swept
 
-        def two_pass(primals, where, tangents, inexact):
-            outs = sweep(primals)
-            n = len(primals)
-            avals = [jax.typeof(o) for o in outs]
+        def transpose(where, inexact):
             wanted = self._wanted_at(where)
-            perturbed = self._perturbed_by(self.parts.loop(primals), wanted)
+            reverse = self._reverse_of_tape(where, wanted)
 
-            def jvp_fn(res, ts):
-                t_out = jvp_at(sweep, res[:n], where, ts)[1]
-                return [t for t, f in zip(t_out, inexact) if f]
-
-            reverse = self._reverse_of_tape(primals, where, wanted, perturbed)
-
-            def vjp_fn(res, cts):
+            def vjp(res, cts):
+                n = len(res) - swept_def.get().num_leaves
                 loop = self.parts.loop(res[:n])
+                perturbed = self._perturbed_by(loop, wanted)
                 _, tape = jtu.tree_unflatten(swept_def.get(), res[n:])
-                full = fill(inexact, cts)
-                (ct_x, ct_bufs), ct_tape = jtu.tree_unflatten(swept_def.get(), full)
+                (ct_x, ct_bufs), ct_tape = jtu.tree_unflatten(swept_def.get(), cts)
                 # the tape's final buffers are the loop's: their cotangents add
                 ct_bufs = [add(a, b) for a, b in zip(ct_bufs, ct_tape.bufs)]
                 ct_x = tuple(c if p else None for c, p in zip(ct_x, perturbed.x))
                 ct_bufs = tuple(
                     c if p else None for c, p in zip(ct_bufs, perturbed.bufs)
                 )
-                return reverse(loop, tape, ct_x, ct_bufs)
+                return reverse(loop, tape, ct_x, ct_bufs, perturbed)
 
-            t_out = loop_tangent(
-                list(primals) + list(outs),
-                list(tangents),
-                jvp_fn=jvp_fn,
-                vjp_fn=vjp_fn,
-                out_avals=tuple(
-                    a.to_tangent_aval() for a, f in zip(avals, inexact) if f
-                ),
-                loop_effects=self.parts.effects,
-            )
-            return list(outs) + list(t_out)
+            return vjp
 
-        swept = linearizable(sweep, two_pass, self.parts.effects)(*leaves)
+        swept = linearizable(sweep, transpose, self.parts.effects, keep_outputs=True)(
+            *leaves
+        )
         return jtu.tree_unflatten(swept_def.get(), swept)
 
-    def _reverse_of_tape(self, primals, where, wanted, perturbed):
-        """`(loop, tape, ct_x, ct_bufs) -> cotangents of primals[where]`: the reverse
-        sweep over `tape`, behind `linearizable` without a two-pass form (forward
-        mode through it works; a third reverse pass raises our error)."""
+    def _reverse_of_tape(self, where, wanted):
+        """`(loop, tape, ct_x, ct_bufs, perturbed) -> cotangents of the loop's leaves
+        at `where``: the reverse sweep over `tape`, behind `linearizable` without a
+        transpose (forward mode through it works; a third reverse pass raises our
+        error)."""
         config = self.parts.config
 
-        def first_order(loop, tape, ct_x, ct_bufs):
+        def first_order(loop, tape, ct_x, ct_bufs, perturbed):
             step = ReversibleStep(loop.body, config.layout, wanted[0], perturbed)
             ct_in = reverse_sweep(step, tape, ct_x, ct_bufs, config)
-            return self._at_leaves(primals, wanted, ct_in, where)
+            return self._at_leaves(wanted, ct_in, where)
 
-        def reverse(loop, tape, ct_x, ct_bufs):
+        def reverse(loop, tape, ct_x, ct_bufs, perturbed):
             operands, rebuild = flat((loop, tape, ct_x, ct_bufs))
             run = linearizable(
-                lambda ops: first_order(*rebuild(ops)), None, self.parts.effects
+                lambda ops: first_order(*rebuild(ops), perturbed),
+                None,
+                self.parts.effects,
             )
             return run(*operands)
 
@@ -195,9 +180,10 @@ class ReverseOverAnything:
             self.parts.config.layout,
         )
 
-    def _at_leaves(self, leaves, wanted, ct_in, where) -> list:
+    def _at_leaves(self, wanted, ct_in, where) -> list:
         """Cotangents `ct_in` (shaped like `(body, init, bufs)`, `None` for zero) of
         the `wanted` leaves, as a list aligned with `where` (zeros elsewhere)."""
+        leaves = self.parts.leaves  # their types
         loop = self.parts.positions()
         by_position = {
             k: c
@@ -247,34 +233,16 @@ class ReverseOverAnything:
         n_res = len(residuals.leaves)
         out_perturbed = self.parts.out_perturbed
 
-        def two_pass(primals, where, tangents, with_tangent):
-            outs = reverse(list(primals))
-
-            def jvp_fn(res, ts):
-                t_out = jvp_at(reverse, res, where, ts)[1]
-                return [t for t, f in zip(t_out, with_tangent) if f]
-
-            def vjp_fn(res, w):
-                w = fill(with_tangent, w, lambda k: jnp.zeros_like(outs[k]))
+        def transpose(where, with_tangent):
+            def vjp(res, w):
                 j_w, ct_res = self.residual_hvp(residuals, res[:n_res], res[n_res:], w)
                 ct_cts = [j for j, f in zip(j_w, out_perturbed) if f]
                 full = ct_res + ct_cts
                 return [full[k] for k in where]
 
-            out_avals = tuple(
-                jax.typeof(o).to_tangent_aval() for o, f in zip(outs, with_tangent) if f
-            )
-            t_out = loop_tangent(
-                list(primals),
-                list(tangents),
-                jvp_fn=jvp_fn,
-                vjp_fn=vjp_fn,
-                out_avals=out_avals,
-                loop_effects=self.parts.effects,
-            )
-            return list(outs) + list(t_out)
+            return vjp
 
-        return linearizable(reverse, two_pass, self.parts.effects)
+        return linearizable(reverse, transpose, self.parts.effects)
 
     def reverse_of_jvp(self, leaves, t_in, cts):
         """The transpose of the linearized JVP (reverse over forward, `grad` of
@@ -298,6 +266,6 @@ class ReverseOverAnything:
         )
         ct_tree = jtu.tree_map(add, g_u, h_v)
         n = len(leaves)
-        ct_p = self._at_leaves(leaves, everywhere(ct_tree), ct_tree, range(n))
+        ct_p = self._at_leaves(everywhere(ct_tree), ct_tree, range(n))
         ct_t = pick(self.parts.wanted, g_v)
         return ct_p, ct_t
