@@ -1,5 +1,5 @@
 """Every JAX internal boundedloop relies on, and why; an upgrade of JAX touches this
-file.
+file, and `tests/test_jax_private.py` checks each name on its own.
 
 `jax._src` is not a public API: its names move between minor versions, which is why
 `pyproject.toml` pins JAX below the next minor version of the one CI tests. Each name

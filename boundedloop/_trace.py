@@ -6,6 +6,7 @@ The traced body speaks one protocol, `body(StepIn) -> StepOut`, on the carry's a
 leaves split into `x` (ordinary leaves) and `bufs` (buffer leaves).
 """
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -17,6 +18,7 @@ import jax.tree_util as jtu
 import numpy as np
 
 from ._buffers import Buffer, find_buffers, StepTrace
+from ._checked_store import CheckedStore
 from ._checks import buffer_checks_enabled
 from ._closure import closure_convert, with_inputs_added
 from ._dtypes import is_weak, promote_weak_inputs, strong, weak
@@ -152,18 +154,33 @@ class LoopConfig(eqx.Module):
     stop_check: str | None = eqx.field(static=True, default=None)
 
 
+class BodyOutput(NamedTuple):
+    """What tracing the body once learns besides its jaxpr: its own output, as
+    shapes (the carry check, the weak types), and its `StepTrace` (the buffers'
+    reads and writes)."""
+
+    shapes: Any
+    trace: StepTrace
+
+
 def _generic_body(
-    body_fun, layout: Layout, like, name: str, gate=None, record: dict | None = None
+    body_fun,
+    layout: Layout,
+    like,
+    name: str,
+    gate=None,
+    seen: CheckedStore | None = None,
 ):
-    """The body on split arrays, with `Buffer` objects standing in for buffers;
-    `record`, if given, receives the body's own output as shapes and its
-    `StepTrace`, and each buffer read adds its dummy as an input of the jaxpr,
-    after the others (see `_trace_body`)."""
+    """The body on split arrays, with `Buffer` objects standing in for buffers.
+    With `seen`, the body is traced to learn its `BodyOutput`, which `seen`
+    receives; its output's tree structure is checked against the carry's there;
+    and each buffer read adds its dummy as an input of the jaxpr, after the others
+    (see `_trace_body`)."""
 
     def generic(step: StepIn) -> StepOut:
         written = step.written
         dummies = step.dummies
-        if record is not None:
+        if seen is not None:
             # each read adds its dummy to the inputs of the jaxpr traced now
             building = current_trace()
             dummies = functools.partial(new_input, building, like=step.active)
@@ -177,15 +194,15 @@ def _generic_body(
         )
         views = [Buffer(trace, k) for k in range(len(step.bufs))]
         out = body_fun(layout.rebuild(step.x, views))
-        if record is not None:
+        if seen is not None:
             arrays = jtu.tree_map(
                 lambda v: trace.arrays[v._leaf] if isinstance(v, Buffer) else v,
                 out,
                 is_leaf=lambda v: isinstance(v, Buffer),
             )
-            record["out"], record["trace"] = _as_shapes(arrays), trace
+            seen.set(BodyOutput(_as_shapes(arrays), trace))
             if jtu.tree_structure(arrays) != jtu.tree_structure(like):
-                raise _CarryMismatch
+                check_carry_match(like, _as_shapes(arrays), name)  # raises
         out = _returns_weak_scalars_cast(out, like)
         is_buffer = lambda v: isinstance(v, Buffer)  # noqa: E731
         out_dynamic = eqx.filter(
@@ -211,10 +228,6 @@ def _generic_body(
     return generic
 
 
-class _CarryMismatch(Exception):
-    """The body's output does not have the carry's tree structure."""
-
-
 def trace_loop(
     cond_fun, body_fun, init_val, buffers_fn, *, name: str, gate=None
 ) -> TracedLoop:
@@ -229,21 +242,20 @@ def trace_loop(
         () if buffers_fn is None else find_buffers(buffers_fn, dynamic, static, name)
     )
     leaves, treedef = jtu.tree_flatten(dynamic)
-    layout = Layout(treedef, static, buffer_pos, (), (), ())
-    x0, bufs0 = layout.split(leaves)
-    x0, body, record, like = _trace_body(
-        body_fun, layout, x0, bufs0, name=name, gate=gate
+    # where the leaves go; what the body reads and writes is added once it is traced
+    unread = Layout(treedef, static, buffer_pos, (), (), ())
+    x0, bufs0 = unread.split(leaves)
+    x0, body, (out, trace), like = _trace_body(
+        body_fun, unread, x0, bufs0, name=name, gate=gate
     )
-    out, trace = record["out"], record["trace"]
-    weak_out = tuple(is_weak(o) for o in _out_avals(out, like))
     check_carry_match(like, _returns_weak_scalars_cast(out, like), name)
-    access = (
-        tuple(shape for _, _, shape in trace.reads),
-        tuple(leaf for leaf, _, _ in trace.reads),
-        tuple(w.leaf for w in trace.writes),
-    )
-    layout = Layout(
-        treedef, static, buffer_pos, *access, weak_out, frozenset(trace.shared)
+    layout = dataclasses.replace(
+        unread,
+        read_shapes=tuple(shape for _, _, shape in trace.reads),
+        read_leaves=tuple(leaf for leaf, _, _ in trace.reads),
+        write_leaves=tuple(w.leaf for w in trace.writes),
+        weak_out=tuple(is_weak(o) for o in _out_avals(out, like)),
+        shared=frozenset(trace.shared),
     )
     true = jnp.array(True)
     # traced with lax's (weak) carry types, run on strongly typed arrays
@@ -296,30 +308,23 @@ def _trace_body(body_fun, layout: Layout, x0, bufs0, *, name, gate):
 
     **Returns:**
 
-    `(x0, body, record, like)`: the (promoted) initial carry, the traced body,
-    `record` (the body's output as shapes and its `StepTrace`, from which the carry
-    check, the weak types and the buffers' reads and writes are read), and the
-    carry's shapes. A body whose output has another tree structure than the carry
-    raises the carry check's error."""
+    `(x0, body, output, like)`: the (promoted) initial carry, the traced body, its
+    `BodyOutput`, and the carry's shapes. A body whose output has another tree
+    structure than the carry raises the carry check's error."""
     x0, bufs0 = tuple(x0), tuple(bufs0)
     for _ in range(2):
         like = _like(layout.treedef, layout.static, layout.merge(x0, bufs0))
-        record = {}
-        generic = _generic_body(body_fun, layout, like, name, gate, record)
-        try:
-            body = closure_convert(
-                generic, StepIn(x0, bufs0, (), jnp.array(True), None)
-            )
-        except _CarryMismatch:
-            check_carry_match(like, record["out"], name)
-            raise  # unreachable: the check names the difference
+        seen = CheckedStore("the body's output")
+        generic = _generic_body(body_fun, layout, like, name, gate, seen)
+        body = closure_convert(generic, StepIn(x0, bufs0, (), jnp.array(True), None))
+        output = seen.get()
         promoted, changed = promote_weak_inputs(
-            x0, layout.split(_out_avals(record["out"], like))[0]
+            x0, layout.split(_out_avals(output.shapes, like))[0]
         )
         if not changed:
             break
         x0 = tuple(promoted)
-    return x0, body, record, like
+    return x0, body, output, like
 
 
 def _out_avals(out, init) -> list:
