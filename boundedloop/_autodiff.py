@@ -1,7 +1,7 @@
 """The loop under autodiff: a custom JVP, and where each transform lands.
 
 Undifferentiated, the loop is `plain_sweep` and does no checkpoint work. Its JVP
-rule (`_checkpointed_loop_jvp`) binds one primitive, `loop_jvp_p` (`_loop_jvp.py`),
+rule (`_differentiable_loop_jvp`) binds one primitive, `loop_jvp_p` (`_loop_jvp.py`),
 that returns the outputs and their tangents, and that JAX evaluates or splits as the
 transform requires. The rooms, by what a reader is looking for:
 
@@ -42,14 +42,14 @@ from ._trace import LoopConfig, TracedLoop
 
 
 @eqx.filter_custom_jvp
-def checkpointed_loop(loop: TracedLoop, config: LoopConfig):
+def differentiable_loop(loop: TracedLoop, config: LoopConfig):
     """Run the loop; see `bl.while_loop`. Returns the final `(x, bufs)`."""
     # inside `shard_map`, everything varies across devices from here on
     return plain_sweep(vary_everywhere(loop), config)
 
 
-@checkpointed_loop.def_jvp
-def _checkpointed_loop_jvp(primals, tangents):
+@differentiable_loop.def_jvp
+def _differentiable_loop_jvp(primals, tangents):
     loop, config = primals
     loop = vary_everywhere(loop)
     # which of (body, init, bufs)'s leaves have a tangent, and those tangents
@@ -67,7 +67,7 @@ def _checkpointed_loop_jvp(primals, tangents):
         config.layout,
     )
     # only perturbed leaves get tangents (see `_perturbation`)
-    jvp = LoopJVP(loop, config, wanted, perturbed, checkpointed_loop)
+    jvp = LoopJVP(loop, config, wanted, perturbed, differentiable_loop)
     parts = jvp.parts
     results = loop_jvp(parts.leaves, t_in, jvp.spec())
     out = jtu.tree_unflatten(parts.out_def, results[: parts.out_def.num_leaves])

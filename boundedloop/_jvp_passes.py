@@ -40,7 +40,7 @@ class LoopJVP:
         self.out_avals = tuple(jax.typeof(o) for o in outs) + tuple(t_avals)
 
     def primal(self, leaves) -> list:
-        """The loop itself, as `checkpointed_loop` runs it: `plain_sweep`."""
+        """The loop itself, as `differentiable_loop` runs it: `plain_sweep`."""
         return jtu.tree_leaves(plain_sweep(self.parts.loop(leaves), self.parts.config))
 
     def tangent_inputs(self) -> tuple[int, ...]:

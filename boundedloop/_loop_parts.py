@@ -26,7 +26,7 @@ class LoopParts:
     - `perturbed`: the carry leaves (`x`, `bufs`) that get tangents.
     - `effects`: the body's effects.
     - `out_def`: the tree of the outputs, `(x, bufs)`.
-    - `loop_fn`: the loop as a differentiable function (`checkpointed_loop`),
+    - `loop_fn`: the loop as a differentiable function (`differentiable_loop`),
         rerun by the second-order passes so that transforms of it take its rules.
     """
 

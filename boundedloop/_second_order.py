@@ -41,7 +41,7 @@ from ._trace import LoopConfig, TracedLoop
 
 def _rerun(loop_fn, loop: TracedLoop, config: LoopConfig):
     """The loop's outputs as a function of its inexact differentiable leaves, through
-    `loop_fn` (`checkpointed_loop`), so that any transform of it takes the loop's own
+    `loop_fn` (`differentiable_loop`), so that any transform of it takes the loop's own
     rules.
 
     **Returns:**

@@ -3,7 +3,7 @@
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ._autodiff import checkpointed_loop
+from ._autodiff import differentiable_loop
 from ._buffers import lend_buffers, lent_gate, return_buffers
 from ._checks import check_stopped, max_steps_check_enabled, tracing_a_loop
 from ._errors import check_checkpoints, check_max_steps
@@ -140,5 +140,5 @@ def run_loop(
             known_length,
             stop_check=name if checked else None,
         )
-        x, bufs = checkpointed_loop(loop, config)
+        x, bufs = differentiable_loop(loop, config)
     return return_buffers(loop.finish(x, bufs), lent)
