@@ -8,7 +8,8 @@ from the project's root, where pytest finds its configuration. The first call
 collects the tests (with the pytest arguments given, e.g. files or `-m`) into
 `--state`; each call then runs the tests not yet run, by name, in one process
 (`-n 0`: one process at a time can hold a TPU), with `-v`, and interrupts pytest
-(as Ctrl-C does) when `--seconds` have passed. The outcome of each test that
+(as Ctrl-C does) when `--seconds` have passed, or once it has collected the tests
+if it has not yet, and again every few seconds until it stops. The outcome of each test that
 finished is kept in the state file, and the next call goes on from there. A test cut
 off mid-run is run again from its start. A test during which the process dies (an
 abort in a compiler, say) is recorded as CRASHED, and the next part goes on after it.
@@ -29,6 +30,7 @@ import time
 
 OUTCOME = re.compile(r"^(\S+\.py::.+?) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
 FAILING = {"FAILED", "ERROR", "XPASS", "CRASHED"}
+COLLECTED = re.compile(r"\bcollected \d+ items?\b")
 
 
 def collect(pytest_args: list[str]) -> list[str]:
@@ -57,10 +59,13 @@ def run_part(ids: list[str], seconds: float) -> dict:
     )
     outcomes = {}
     started = []  # `-v` prints a test's id as it starts, its outcome as it ends
+    collected = threading.Event()
 
     def read():
         for line in process.stdout:
             sys.stdout.write(line)
+            if COLLECTED.search(line):
+                collected.set()
             found = OUTCOME.match(line)
             if found:
                 outcomes[found[1]] = found[2]
@@ -72,13 +77,26 @@ def run_part(ids: list[str], seconds: float) -> dict:
     try:
         process.wait(timeout=seconds)
     except subprocess.TimeoutExpired:
-        process.send_signal(signal.SIGINT)  # pytest reports, then stops
-        process.wait()
+        _interrupt(process, collected)
     reader.join()
     died = process.returncode < 0 or process.returncode > 5  # not pytest's own codes
     if died and started and started[-1] not in outcomes:
         outcomes[started[-1]] = "CRASHED"
     return outcomes
+
+
+def _interrupt(process, collected: threading.Event) -> None:
+    """Stops pytest as Ctrl-C does, once it has collected the tests (an interrupt
+    while plugins import may be swallowed, or end the part before any test ran),
+    and again every few seconds until it stops."""
+    while not collected.wait(timeout=0.5) and process.poll() is None:
+        pass
+    while process.poll() is None:
+        process.send_signal(signal.SIGINT)  # pytest reports, then stops
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def main():
