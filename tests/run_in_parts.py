@@ -56,6 +56,9 @@ def run_part(ids: list[str], seconds: float) -> dict:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # a parent may ignore Ctrl-C (a pytest-xdist worker can), and an ignored
+        # SIGINT is inherited: pytest would never see the interrupt
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     outcomes = {}
     started = []  # `-v` prints a test's id as it starts, its outcome as it ends
@@ -87,8 +90,8 @@ def run_part(ids: list[str], seconds: float) -> dict:
 
 def _interrupt(process, collected: threading.Event) -> None:
     """Stops pytest as Ctrl-C does, once it has collected the tests (an interrupt
-    while plugins import may be swallowed, or end the part before any test ran),
-    and again every few seconds until it stops."""
+    while plugins import may be swallowed by one, or end the part before any test
+    ran), and again every few seconds until it stops."""
     while not collected.wait(timeout=0.5) and process.poll() is None:
         pass
     while process.poll() is None:
