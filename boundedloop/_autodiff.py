@@ -1,17 +1,17 @@
 """The loop under autodiff: a custom JVP, and where each transform lands.
 
 Undifferentiated, the loop is `plain_sweep` and does no checkpoint work. Its JVP
-rule (`_differentiable_loop_jvp`) binds one primitive, `loop_jvp_p` (`_loop_jvp.py`),
+rule (`_differentiable_loop_jvp`) binds one primitive, `loop_jvp_p` (`_jvp_primitive.py`),
 that returns the outputs and their tangents, and that JAX evaluates or splits as the
 transform requires. The rooms, by what a reader is looking for:
 
 - `jax.jvp`, `jax.jacfwd` (forward mode): `loop_jvp_p`'s implementation evaluates
-  `LoopJVP.one_pass` (`_jvp_passes.py`), the JVP of `plain_sweep`, one sweep with
+  `LoopJVP.one_pass` (`_loop_jvp.py`), the JVP of `plain_sweep`, one sweep with
   each step's value and tangent together.
 - `jax.linearize`, and so `jax.grad`, `jax.vjp`, `jax.jacrev`: `loop_jvp_p`'s
-  partial-evaluation rules (`_loop_jvp.py`) run `LoopJVP.staged`
+  partial-evaluation rules (`_jvp_primitive.py`) run `LoopJVP.staged`
   (`checkpointed_sweep` now) and stage the tangent as one linear primitive,
-  `loop_tangent_p` (`_loop_tangent.py`). Applied, it is the JVP of `replay_sweep`
+  `loop_tangent_p` (`_tangent_primitive.py`). Applied, it is the JVP of `replay_sweep`
   (the same steps again from the initial carry); transposed, `reverse_sweep` over
   the checkpoints (`_reverse_sweep.py`).
 - `jax.hessian`, `jvp` of `grad` (forward over reverse): forward mode through the
@@ -33,9 +33,9 @@ import equinox as eqx
 import jax.tree_util as jtu
 
 from ._forward_sweeps import plain_sweep
-from ._jvp_passes import LoopJVP
+from ._jvp_primitive import loop_jvp
 from ._leaves import fill
-from ._loop_jvp import loop_jvp
+from ._loop_jvp import LoopJVP
 from ._perturbation import has_tangent, Perturbed, perturbed_leaves
 from ._shard_map import vary_everywhere
 from ._trace import LoopConfig, TracedLoop

@@ -9,7 +9,7 @@ for `lax.while_loop`:
   together, nothing stored. This is the primitive's implementation and lowering.
 - **two passes**, when the JVP is partially evaluated with the tangents unknown
   (`jax.linearize`, and so `jax.grad`, `jax.vjp`, `jax.jacrev` and `jax.hessian`):
-  the checkpointed sweep now, and later the tangent as `_loop_tangent.loop_tangent` over
+  the checkpointed sweep now, and later the tangent as `_tangent_primitive.loop_tangent` over
   its tape, which reverse mode transposes into the reverse sweep. The primitive's
   partial-evaluation rules (one for `jax.linearize`'s tracer, one for jaxprs, as under
   `jax.checkpoint`) trace this function in its place.
@@ -47,7 +47,7 @@ from ._jax_private import (
     Tracer,
 )
 from ._leaves import fill, jvp_at, zero_ct
-from ._loop_tangent import outputs_and_tangent
+from ._tangent_primitive import outputs_and_tangent
 
 
 loop_jvp_p = jax.extend.core.Primitive("boundedloop_loop_jvp")

@@ -1,5 +1,7 @@
-"""A tree's arrays as the flat lists primitives take, and back; and the JVP of a
-function of such a list in some of its entries (`jvp_at`)."""
+"""Flat lists, as primitives take them: a tree's arrays and back (`flat`), the
+entries a mask picks and the list made whole again (`pick`, `fill`, `spread`), the
+JVP of a function of such a list in some of its entries (`jvp_at`), and the zero
+and sum of cotangents (`zero_ct`, `add`)."""
 
 import equinox as eqx
 import jax
@@ -7,36 +9,11 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from ._shard_map import vary_everywhere
-from ._trace import TracedLoop
-
 
 def pick(mask, tree):
     """The leaves of `tree` (shaped like `mask`, `None` allowed) where `mask` is true."""
     treedef = jtu.tree_structure(mask)
     return [v for m, v in zip(jtu.tree_leaves(mask), treedef.flatten_up_to(tree)) if m]
-
-
-class Residuals:
-    """The arrays the loop's tangent depends on nonlinearly: the body, the predicate,
-    the initial carry and the tape, flattened for the primitive and rebuilt inside
-    its rules."""
-
-    def __init__(self, loop: TracedLoop, tape):
-        tree = (loop.body, loop.cond, loop.init, tape)
-        arrays, self.static = eqx.partition(tree, eqx.is_array)
-        self.leaves, self.treedef = jtu.tree_flatten(arrays)
-
-    def unpack(self, leaves):
-        """`(body, cond, init, tape)` from the primitive's residual operands."""
-        arrays = jtu.tree_unflatten(self.treedef, leaves)
-        return vary_everywhere(eqx.combine(arrays, self.static))
-
-    def flatten(self, tree) -> list:
-        """A tree shaped like `unpack`'s result (arrays where it has arrays), as a
-        list aligned with the operands."""
-        arrays = eqx.filter(tree, eqx.is_array)
-        return self.treedef.flatten_up_to(arrays)
 
 
 def zero_ct(x):

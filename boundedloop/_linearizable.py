@@ -3,7 +3,7 @@ linearized, so that an outer reverse pass can transpose it.
 
 `linearizable(fn, transpose, effects)` wraps the loop's own sweeps (the checkpointed
 sweep, the reverse sweep) when a gradient is itself differentiated (see
-`_second_order`). Its custom JVP binds `loop_jvp_p` (`_loop_jvp`), whose rules pick
+`_second_order`). Its custom JVP binds `loop_jvp_p` (`_jvp_primitive`), whose rules pick
 the pass, batch it, and differentiate it again.
 """
 
@@ -14,9 +14,9 @@ from jax.custom_derivatives import SymbolicZero
 
 from ._dtypes import is_inexact
 from ._jax_private import closed_jaxpr, jvp_jaxpr
+from ._jvp_primitive import custom_jvp_spec, loop_jvp, Passes, Primal
 from ._leaves import fill, jvp_at
-from ._loop_jvp import custom_jvp_spec, loop_jvp, Passes, Primal
-from ._loop_tangent import outputs_and_tangent
+from ._tangent_primitive import outputs_and_tangent
 
 
 def linearizable(
@@ -29,7 +29,7 @@ def linearizable(
     """`fn` (a flat list of arrays to a flat list of arrays) behind a custom JVP that
     JAX evaluates in one pass (`jax.jvp` of `fn`) and linearizes in two: `fn` now,
     and its tangent as a `loop_tangent` transposed by hand
-    (`_loop_tangent.outputs_and_tangent`). `transpose(where, with_tangent)` makes
+    (`_tangent_primitive.outputs_and_tangent`). `transpose(where, with_tangent)` makes
     that transpose, `(res, cts) -> cotangents of primals[where]`, given the
     positions `where` of the perturbed primals and which outputs get tangents
     (`with_tangent`: the inexact ones that depend on a perturbed primal); `res` are

@@ -1,4 +1,4 @@
-"""The loop's JVP in the forms `_loop_jvp.Passes` asks for: one pass (forward mode),
+"""The loop's JVP in the forms `_jvp_primitive.Passes` asks for: one pass (forward mode),
 and two (the checkpointed sweep now, the tangent as a `loop_tangent` over its tape,
 which reverse mode transposes into the reverse sweep). The passes that make these
 differentiable once more in reverse mode are `_second_order`'s.
@@ -12,19 +12,19 @@ import jax.tree_util as jtu
 
 from ._checks import check_stopped
 from ._forward_sweeps import plain_sweep
-from ._leaves import fill, pick, Residuals
-from ._loop_jvp import custom_jvp_spec, Passes, Primal, Spec
-from ._loop_parts import LoopParts
-from ._loop_tangent import loop_tangent, replay_tangent
+from ._jvp_primitive import custom_jvp_spec, Passes, Primal, Spec
+from ._leaves import fill, pick
+from ._loop_parts import LoopParts, Residuals
 from ._reverse_sweep import reverse_sweep
 from ._second_order import ReverseOverAnything
 from ._shard_map import vary_everywhere
 from ._step import ReversibleStep
+from ._tangent_primitive import loop_tangent, replay_tangent
 from ._trace import LoopConfig, TracedLoop
 
 
 class LoopJVP:
-    """The loop's JVP in both forms `_loop_jvp.Passes` asks for, on flat lists: the
+    """The loop's JVP in both forms `_jvp_primitive.Passes` asks for, on flat lists: the
     loop's arrays and the tangents of the `wanted` ones in, the final `(x, bufs)` and
     the tangents of its `perturbed` leaves out. `second` holds the passes that make
     both differentiable in reverse mode once more."""

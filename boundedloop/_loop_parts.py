@@ -1,6 +1,6 @@
 """What every JVP pass of one loop reads: the loop's arrays as flat leaves and the
 rest of it, the configuration, which inputs are differentiated and which outputs
-get tangents. `_jvp_passes.LoopJVP` and `_second_order.ReverseOverAnything` each
+get tangents (`LoopParts`); and what its tangent keeps of it (`Residuals`). `_loop_jvp.LoopJVP` and `_second_order.ReverseOverAnything` each
 take one `LoopParts`, so neither reads attributes the other defines."""
 
 import dataclasses
@@ -73,3 +73,25 @@ class LoopParts:
         """The loop with each array replaced by its position among `leaves`."""
         indices = jtu.tree_unflatten(self.treedef, range(len(self.leaves)))
         return eqx.combine(indices, self.static)
+
+
+class Residuals:
+    """The arrays the loop's tangent depends on nonlinearly: the body, the predicate,
+    the initial carry and the tape, flattened for the primitive and rebuilt inside
+    its rules."""
+
+    def __init__(self, loop: TracedLoop, tape):
+        tree = (loop.body, loop.cond, loop.init, tape)
+        arrays, self.static = eqx.partition(tree, eqx.is_array)
+        self.leaves, self.treedef = jtu.tree_flatten(arrays)
+
+    def unpack(self, leaves):
+        """`(body, cond, init, tape)` from the primitive's residual operands."""
+        arrays = jtu.tree_unflatten(self.treedef, leaves)
+        return vary_everywhere(eqx.combine(arrays, self.static))
+
+    def flatten(self, tree) -> list:
+        """A tree shaped like `unpack`'s result (arrays where it has arrays), as a
+        list aligned with the operands."""
+        arrays = eqx.filter(tree, eqx.is_array)
+        return self.treedef.flatten_up_to(arrays)

@@ -27,12 +27,11 @@ from ._leaves import (
     fill,
     flat,
     pick,
-    Residuals,
     spread,
     zero_ct,
 )
 from ._linearizable import linearizable
-from ._loop_parts import LoopParts
+from ._loop_parts import LoopParts, Residuals
 from ._perturbation import Perturbed, perturbed_leaves
 from ._reverse_sweep import reverse_sweep
 from ._step import ReversibleStep
@@ -93,7 +92,7 @@ def gradient_and_hvp(loop_fn, loop, config, cts, direction=None):
 
 class ReverseOverAnything:
     """The passes that make the loop's gradient and JVP differentiable in reverse
-    mode, for the loop `parts` describes (`_jvp_passes.LoopJVP` holds one)."""
+    mode, for the loop `parts` describes (`_loop_jvp.LoopJVP` holds one)."""
 
     def __init__(self, parts: LoopParts):
         self.parts = parts

@@ -7,7 +7,7 @@ linear in `tangents` and carries Python functions as parameters:
 
 - `jvp_fn(residuals, tangents) -> out`: the tangent. It is the primitive's
   implementation and lowering, so applying a `jax.linearize`d loop runs it (`jax.jvp`
-  does not get here: it evaluates the loop's JVP in one pass, see `_loop_jvp`).
+  does not get here: it evaluates the loop's JVP in one pass, see `_jvp_primitive`).
 - `vjp_fn(residuals, cts) -> cts_in`: its transpose. For the loop's own tangent that
   is the checkpointed reverse sweep: `jax.grad` never runs the tangent loop; it
   linearizes (the tangent stays symbolic) and transposes, which calls `vjp_fn` on the

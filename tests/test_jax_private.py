@@ -10,8 +10,8 @@ import pytest
 
 from boundedloop import _jax_private as private
 from boundedloop._closure import closure_convert, with_inputs_added
-from boundedloop._loop_jvp import loop_jvp_p
-from boundedloop._loop_tangent import loop_tangent_p
+from boundedloop._jvp_primitive import loop_jvp_p
+from boundedloop._tangent_primitive import loop_tangent_p
 
 
 F32 = jax.core.ShapedArray((3,), jnp.float32)

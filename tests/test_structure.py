@@ -10,8 +10,8 @@ from jax import lax
 import boundedloop as bl
 from boundedloop import _cost_model, _store_rules
 from boundedloop._checked_store import CheckedStore
+from boundedloop._jvp_primitive import custom_jvp_spec, loop_jvp, Passes, Primal
 from boundedloop._leaves import fill
-from boundedloop._loop_jvp import custom_jvp_spec, loop_jvp, Passes, Primal
 from boundedloop._recompute import split_rule
 from boundedloop._schedule import (
     _merge_choice,
@@ -457,7 +457,7 @@ def test_fill_puts_values_where_the_mask_is_and_uses_every_one():
 
 
 def test_a_custom_jvp_spec_states_its_primal_whole():
-    """`_loop_jvp.custom_jvp_spec`: the batching rule's knowledge of the primal (its
+    """`_jvp_primitive.custom_jvp_spec`: the batching rule's knowledge of the primal (its
     function and where each tangent belongs) is one `Primal`, never part of one; a
     tangent type per output tangent, and operands that match, or an error (a `Spec`
     that lost a field once switched batching to "every output batched")."""
