@@ -56,9 +56,6 @@ def run_part(ids: list[str], seconds: float) -> dict:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        # a parent may ignore Ctrl-C (a pytest-xdist worker can), and an ignored
-        # SIGINT is inherited: pytest would never see the interrupt
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     outcomes = {}
     started = []  # `-v` prints a test's id as it starts, its outcome as it ends
@@ -107,6 +104,9 @@ def main():
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--state", required=True)
     args, pytest_args = parser.parse_known_args()
+    # a parent may ignore Ctrl-C (a pytest-xdist worker does), and an ignored SIGINT
+    # is inherited: pytest would never see the interrupt. A handled one is not.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     state_path = pathlib.Path(args.state)
     if state_path.exists():
         state = json.loads(state_path.read_text())

@@ -4,7 +4,6 @@ process is recorded and passed over."""
 
 import json
 import pathlib
-import signal
 import subprocess
 import sys
 
@@ -33,14 +32,14 @@ def _part(tmp_path, seconds):
     """One part, run as from a process that ignores Ctrl-C, as a pytest-xdist
     worker may: an ignored SIGINT is inherited, and under CI's full suite the
     runner's pytest once ignored every interrupt (the held test ran its 60 s)."""
+    runner = [sys.executable, str(RUNNER), "--seconds", str(seconds)]
+    runner += ["--state", "state.json", "test_tiny.py"]
     return subprocess.run(
-        [sys.executable, str(RUNNER), "--seconds", str(seconds)]
-        + ["--state", "state.json", "test_tiny.py"],
+        ["sh", "-c", "trap '' INT; exec \"$@\"", "sh", *runner],  # SIGINT ignored
         capture_output=True,
         cwd=tmp_path,
         text=True,
         timeout=120,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
 
 
