@@ -267,9 +267,9 @@ def _transposable_lift(flat_one_pass, spec: Spec, nonzero):
             primals,
             where,
             tangents,
-            inexact,
-            None if reverse_of_jvp is None else transpose,
-            spec.effects,
+            with_tangent=inexact,
+            transpose=None if reverse_of_jvp is None else transpose,
+            effects=spec.effects,
         )
 
     return two_pass

@@ -66,9 +66,9 @@ def linearizable(
                 ps,
                 where,
                 ts,
-                with_tangent,
-                by_hand,
-                effects,
+                with_tangent=with_tangent,
+                transpose=by_hand,
+                effects=effects,
                 keep_outputs=keep_outputs,
             )
 

@@ -269,10 +269,10 @@ def outputs_and_tangent(
     primals,
     where,
     tangents,
+    *,
     with_tangent,
     transpose,
     effects,
-    *,
     keep_outputs=False,
 ) -> list:
     """The two-pass form of `fn`, as every hand-transposed pass makes it: `fn` now,
