@@ -11,7 +11,9 @@ the solution, differentiated with respect to the scalar `a = 1`. Each case (belo
 runs in a fresh Python process, so an abort ends that case only: its row records the
 exit status and the compiler's failed check if it printed one. A row with a value
 also has the value on the host CPU backend, computed in the same process. With
-`--xla-flags`, every case runs again with `XLA_FLAGS` set to them.
+`--xla-flags`, every case runs again with `XLA_FLAGS` set to them. A TPU's own
+compiler flags (`xla_tpu_*`, `xla_msa_*`) go in `LIBTPU_INIT_ARGS` instead, set
+around the call; each row records both variables.
 """
 
 import argparse
@@ -89,7 +91,12 @@ def probe(name: str, xla_flags: str) -> dict:
         env=env,
         text=True,
     )
-    row = {"case": name, "xla_flags": xla_flags, "returncode": child.returncode}
+    row = {
+        "case": name,
+        "xla_flags": env.get("XLA_FLAGS", ""),
+        "libtpu_init_args": env.get("LIBTPU_INIT_ARGS", ""),
+        "returncode": child.returncode,
+    }
     result = re.search(r"^RESULT (.*)$", child.stdout, re.M)
     if result:
         row.update(json.loads(result[1]))

@@ -276,13 +276,13 @@ def test_default_checkpoints_are_recursive_checkpoint_adjoints(monkeypatch):
     assert given == [7, 3, None]
 
 
-@pytest.mark.xfail(
-    jax.default_backend() == "tpu",
-    run=False,  # it would end the test process
-    reason="on a TPU v5e (JAX 0.10.2) XLA's compiler aborts the process compiling "
-    "the guide's `jax.hessian`: memory-space assignment's 'Check failed: "
-    "preferred_offset->offset == required_assignment...offset (4096 vs. 36864) ... "
-    "Aliased use'; see the limitations page",
+@pytest.mark.skipif(
+    jax.default_backend() != "cpu",
+    reason="the guide prints the host CPU's figures, and its derivatives follow the "
+    "step at which BFGS stops: on a TPU v5e that is step 23, not 29 (as on the host "
+    "at the next float32 above `a = 1`), and XLA's TPU compiler aborts on its "
+    "`jax.hessian` besides; see benchmarks/optimistix_trip_count.py and the "
+    "limitations page",
 )
 def test_guide_example_prints_what_it_says():
     guide = pathlib.Path(__file__).parent.parent / "docs" / "guides" / "optimistix.md"
