@@ -1,6 +1,7 @@
 """In-place buffers: gradient time per step for a loop that writes one row of an
 (M, 256) float32 buffer per step, M = 256, 1024, 4096, side by side with equinox's
 checkpointed loop (with and without `buffers=`) and with the array carried normally.
+Each row of the JSON records its loop, M, the width and the checkpoints.
 
     python benchmarks/buffers.py [--quick] [--out benchmarks/results/buffers.json]
 """
@@ -13,6 +14,7 @@ import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 from _common import compile_time, median_time, temp_bytes
+from _format import index, load, page, seconds, table
 
 import boundedloop as bl
 
@@ -78,6 +80,8 @@ def main():
             row = {
                 "kind": kind,
                 "rows": m,
+                "width": WIDTH,
+                "checkpoints": CHECKPOINTS,
                 "grad_s": t,
                 "per_step_us": t / m * 1e6,
                 "temp_bytes": temp_bytes(compiled),
@@ -86,28 +90,100 @@ def main():
             rows_out.append(row)
             print(row, flush=True)
     print()
-    print(
-        f"Gradient of an M-step loop writing one row of an (M, {WIDTH}) float32 buffer "
-        f"per step, checkpoints={CHECKPOINTS}; ratios within this run."
-    )
-    print()
-    print(
-        "| loop | "
-        + " | ".join(f"us/step M={m}" for m in sizes)
-        + f" | per-step {sizes[-1]}/{sizes[0]} | temp memory / buffer size at M={sizes[-1]} |"
-    )
-    print("|---|" + "---:|" * (len(sizes) + 2))
-    for kind in kinds:
-        mine = [r for r in rows_out if r["kind"] == kind]
-        per = [r["per_step_us"] for r in mine]
-        print(
-            f"| {kind} | "
-            + " | ".join(f"{p:.1f}" for p in per)
-            + f" | {per[-1] / per[0]:.2f} | {mine[-1]['temp_bytes'] / mine[-1]['buffer_bytes']:.2f} |"
-        )
+    print(buffers_table(rows_out), end="")
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows_out, indent=1))
+
+
+# --- the docs' tables (`benchmarks/tables.py` writes them) ---------------------
+
+# how `docs/why-boundedloop.md` names the loops, in its order
+WHY_BUFFER_NAMES = {
+    "boundedloop buffers": "bl.while_loop, buffers=",
+    "equinox buffers": "equinox checkpointed, buffers=",
+    "boundedloop carried": "bl.while_loop, array carried",
+    "equinox carried": "equinox checkpointed, array carried",
+}
+
+
+def _by_size(rows: list[dict]):
+    """`rows` by (kind, M), and the sizes M in order."""
+    return index(rows, "kind", "rows"), sorted({r["rows"] for r in rows})
+
+
+def _per_step(by: dict, kind: str, sizes: list) -> list[str]:
+    return [f"{by[(kind, m)]['per_step_us']:.1f}" for m in sizes]
+
+
+def _in_buffers(row: dict) -> float:
+    """Compiled temporary memory, in buffer sizes."""
+    return row["temp_bytes"] / row["buffer_bytes"]
+
+
+def ours_against_equinox(rows: list[dict]) -> dict:
+    """At the largest M, with `buffers` and with the array `carried`: (our row,
+    equinox's, our time per step over theirs, the temporary memory of each in
+    buffer sizes to one decimal)."""
+    by, sizes = _by_size(rows)
+    found = {}
+    for how in ("buffers", "carried"):
+        pair = [by[(f"{who} {how}", sizes[-1])] for who in ("boundedloop", "equinox")]
+        ratio = pair[0]["per_step_us"] / pair[1]["per_step_us"]
+        found[how] = (*pair, ratio, [round(_in_buffers(r), 1) for r in pair])
+    return found
+
+
+def buffers_table(rows: list[dict] | None = None) -> str:
+    """Gradient time per step of a loop writing one row per step, with buffers and
+    with the array carried (the performance page); of `rows`, by default those of
+    `benchmarks/results/buffers.json`."""
+    rows = load("buffers.json") if rows is None else rows
+    by, sizes = _by_size(rows)
+    first, last = sizes[0], sizes[-1]
+    cells = [
+        [kind, *_per_step(by, kind, sizes)]
+        + [f"{by[(kind, last)]['per_step_us'] / by[(kind, first)]['per_step_us']:.2f}"]
+        + [f"{_in_buffers(by[(kind, last)]):.2f}"]
+        for kind in dict.fromkeys(r["kind"] for r in rows)
+    ]
+    header = ["loop", *(f"us/step M={m}" for m in sizes), f"per-step {last}/{first}"]
+    header.append(f"temp memory / buffer size at M={last}")
+    return page(
+        f"Gradient of an M-step loop writing one row of an (M, {rows[0]['width']}) "
+        f"float32 buffer per step, checkpoints={rows[0]['checkpoints']}; ratios "
+        "within this run.",
+        table(header, cells),
+    )
+
+
+def why_buffers_table() -> str:
+    """The buffers benchmark with ours and equinox's side by side, and the two
+    comparisons the why page draws from it."""
+    rows = load("buffers.json")
+    by, sizes = _by_size(rows)
+    last = sizes[-1]
+    cells = [
+        [name, *_per_step(by, kind, sizes), f"{_in_buffers(by[(kind, last)]):.2f}"]
+        for kind, name in WHY_BUFFER_NAMES.items()
+    ]
+    header = ["loop", f"us/step, M = {sizes[0]}", *(f"M = {m}" for m in sizes[1:])]
+    header.append(f"temp memory / buffer size, M = {last}")
+    said = []
+    for how, (ours, theirs, ratio, (mine, other)) in ours_against_equinox(rows).items():
+        memory = (
+            f"{mine:g} buffer sizes of temporary memory, as equinox's does"
+            if mine == other
+            else f"{mine:g} buffer sizes of temporary memory to equinox's {other:g}"
+        )
+        said.append(
+            f"- {'With buffers' if how == 'buffers' else 'Carrying the array'}, at "
+            f"`M = {last}` ours takes {ratio:.2f} times equinox's time per step "
+            f"({ours['per_step_us']:.1f} us against {theirs['per_step_us']:.1f}; "
+            f"{seconds(ours['grad_s'])} against {seconds(theirs['grad_s'])} for the "
+            f"whole gradient) and holds {memory}."
+        )
+    return page(table(header, cells), said)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from _common import (
     WhileIterationCounter,
     write_results,
 )
+from _format import index, load, page, seconds, table
 from jax import lax
 
 import boundedloop as bl
@@ -199,6 +200,34 @@ def main():
             rounds=rounds,
             rows=rows,
         )
+
+
+# --- the docs' table (`benchmarks/tables.py` writes it) ------------------------
+
+
+def cheap_steps_table() -> str:
+    """Many cheap steps: gradient time of ours, equinox's, ours storing every step
+    and the ideal scan, for each `n` (the why page)."""
+    data = load("cheap_steps.json")
+    c, by = data["checkpoints"], index(data["rows"], "kind", "n")
+    rows = []
+    for n in sorted({r["n"] for r in data["rows"]}):
+        ours = by[(f"boundedloop checkpoints={c}", n)]
+        theirs = by[(f"equinox checkpointed checkpoints={c}", n)]
+        every = by[("boundedloop store all", n)]
+        rows.append(
+            [
+                n,
+                f"{seconds(ours['grad_s'])} ({ours['grad_over_ideal']:.2f}x ideal)",
+                f"{seconds(theirs['grad_s'])} ({theirs['grad_over_ideal']:.3g}x)",
+                f"{theirs['grad_s'] / ours['grad_s']:.2g}",
+                f"{seconds(every['grad_s'])} ({every['grad_over_ideal']:.2f}x)",
+                seconds(by[(IDEAL, n)]["grad_s"]),
+            ]
+        )
+    header = ["n", "bl.while_loop", "equinox checkpointed", "equinox / ours"]
+    header += ["bl.while_loop storing every step", "ideal `lax.scan`"]
+    return page(table(header, rows, left=0))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ XLA compile seconds (alternating, several repetitions) and compiled temp bytes.
     python benchmarks/correct_on_tpu.py [--part errors|cost|all]
 
 writes `benchmarks/results/correct_on_tpu_<backend>.json` and a `.txt` table;
-`python benchmarks/tables.py` makes the docs' tables from the JSON.
+`python benchmarks/tables.py` makes the docs' tables from the JSON (with the
+fuzzer's findings, `tests/test_differential.py`'s) by the functions at the end.
 """
 
 import argparse
@@ -28,15 +29,13 @@ import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 import numpy as np
-import tables
 from _common import interleaved_medians, temp_bytes, write_results
+from _format import load, nbytes, page, seconds, table
 from jax import lax
 
 import boundedloop as bl
 from boundedloop import _shard_map
 
-
-jax.config.update("jax_default_matmul_precision", "highest")
 
 ROWS, STEPS = 6, 4
 W = np.array([[0.9, -0.4, 0.3], [0.2, 0.8, -0.5], [-0.3, 0.1, 0.7]], np.float32)
@@ -206,6 +205,7 @@ def main():
     parser.add_argument("--reps", type=int, default=3, help="compiles per setting")
     parser.add_argument("--rounds", type=int, default=15, help="timed rounds")
     args = parser.parse_args()
+    jax.config.update("jax_default_matmul_precision", "highest")
     backend = jax.default_backend()
     payload = {"backend": backend, "jax": jax.__version__}
     if args.part in ("errors", "all"):
@@ -218,14 +218,155 @@ def main():
         or pathlib.Path(__file__).parent / "results" / f"correct_on_tpu_{backend}.json"
     )
     write_results(out, **payload)
-    lines = []
-    if "errors" in payload:
-        lines += tables.correct_on_tpu_errors(payload)
-    if "cost" in payload:
-        lines += ["", *tables.correct_on_tpu_cost(payload)]
-    text = "\n".join(lines) + "\n"
+    text = page(
+        errors_table(payload) if "errors" in payload else None,
+        cost_table(payload) if "cost" in payload else None,
+    )
     out.with_suffix(".txt").write_text(text)
     print(text)
+
+
+# --- the docs' tables (`benchmarks/tables.py` writes them) ---------------------
+
+
+def _error_cell(v) -> str:
+    """An error, or the exception a loop raised for that transform."""
+    if isinstance(v, str):
+        return f"raises {v}"
+    return "0" if v == 0 else f"{v:.0e}"
+
+
+def errors_table(payload: dict) -> list[str]:
+    """The largest error of each loop (a row) through each transform (a column)."""
+    transforms = list(next(iter(payload["errors"].values())))
+    rows = [
+        [f"`{loop}`", *(_error_cell(row[k]) for k in transforms)]
+        for loop, row in payload["errors"].items()
+    ]
+    return table(["loop", *transforms], rows, right="--:")
+
+
+def guard_cost(payload: dict) -> dict:
+    """What the guard costs, for each (workload, program): the seconds per call and
+    of XLA compile with the guard on, each with its ratio on over off (`time`,
+    `compile`), and the temp bytes on and off."""
+    found = {}
+    for workload, r in payload["cost"].items():
+        for program in ("forward", "gradient"):
+            on, off = f"{program}, guard on", f"{program}, guard off"
+            time, compile_s = r["time_s"], r["compile_s"]
+            found[workload, program] = dict(
+                time=(time[on], time[on] / time[off]),
+                compile=(compile_s[on], compile_s[on] / compile_s[off]),
+                temp_bytes=(r["temp_bytes"][on], r["temp_bytes"][off]),
+            )
+    return found
+
+
+def cost_table(payload: dict) -> list[str]:
+    """`guard_cost` as a table, a row per workload and program."""
+    rows = []
+    for (workload, program), cost in guard_cost(payload).items():
+        shape = payload["cost"][workload]["shape"]
+        (time, time_ratio), (compile_s, compile_ratio) = cost["time"], cost["compile"]
+        rows.append(
+            [
+                f"{workload}: batch {shape['batch']}, width {shape['width']}, "
+                f"{shape['steps']} of {shape['max_steps']} steps",
+                program,
+                f"{time_ratio:.3f} ({seconds(time)})",
+                f"{compile_ratio:.2f} ({compile_s:.2f} s)",
+                " / ".join(nbytes(n) for n in cost["temp_bytes"]),
+            ]
+        )
+    header = ["workload", "program", "time, on/off", "XLA compile, on/off"]
+    return table([*header, "temp, on / off"], rows, left=2, right="--:")
+
+
+def correct_on_tpu_table(backend: str) -> str:
+    """`correct_on_tpu_<backend>.json`: the errors, then what the guard costs (the
+    correct-on-TPU page)."""
+    payload = load(f"correct_on_tpu_{backend}.json")
+    device = payload["devices"][0].split("(")[0]
+    return page(
+        f"Run on {device} (JAX {payload['jax']}): the largest absolute error against "
+        "the same transform of the loop unrolled in Python on the host CPU.",
+        errors_table(payload),
+        "What the guard costs: ours with it on over ours with it off, in one process "
+        "(time: interleaved medians after warm-up; compile: medians of alternating "
+        "repetitions):",
+        cost_table(payload),
+    )
+
+
+def fuzz_findings(name: str = "fuzz_tpu.jsonl") -> dict:
+    """What `tests/test_differential.py`'s fuzzer found (`benchmarks/results/<name>`):
+    the bodies, ours' largest error, how many `lax.fori_loop` got wrong, and how
+    many of two or more steps it got right and wrong by how a read is guarded: each
+    form, in single-read bodies (`forms`), and a read of the previous row guarded
+    by `i > 0` or not (`by_guard`)."""
+    found = load(name)
+    forms, by_guard = {}, {(a, b): 0 for a in (True, False) for b in (True, False)}
+    for f in found:
+        p, wrong = f["program"], f["lax"] > 1e-3
+        trip = p["steps"] if p["max_steps"] is None else min(p["steps"], p["max_steps"])
+        if trip < 2:
+            continue
+        if len(p["reads"]) == 1:
+            lag, test, _ = p["reads"][0]
+            forms.setdefault((lag, test), [0, 0])[wrong] += 1
+        guarded = any(lag == 1 and test in (">", "cond") for lag, test, _ in p["reads"])
+        by_guard[guarded, wrong] += 1
+    return {
+        "by_guard": by_guard,
+        "bodies": len(found),
+        "backend": found[0]["backend"],
+        "ours_max": max(f["ours"] for f in found),
+        "lax_wrong": sum(f["lax"] > 1e-3 for f in found),
+        "forms": forms,
+    }
+
+
+# how a body of the fuzzer guards its read `buf[i - n]`, written out (k = n - 1)
+GUARDS_WRITTEN = {
+    ">": "i > {k}",
+    ">=": "i >= {n}",
+    "!<": "~(i < {n})",
+    "-0": "i - {n} >= 0",
+    "cond": "lax.cond(i > {k}, ...)",
+}
+
+
+def tpu_fuzz_table() -> str:
+    """The fuzzer's findings on the TPU, by guard, and in one line on the CPU (the
+    correct-on-TPU page)."""
+    f, cpu = fuzz_findings(), fuzz_findings("fuzz_cpu.jsonl")
+    forms = [
+        [f"`{GUARDS_WRITTEN[test].format(k=lag - 1, n=lag)}` before `buf[i - {lag}]`"]
+        + counts
+        for (lag, test), counts in sorted(f["forms"].items())
+    ]
+    guarded = [
+        [label, f["by_guard"][flag, False], f["by_guard"][flag, True]]
+        for flag, label in ((True, "yes"), (False, "no"))
+    ]
+    return page(
+        f"{f['bodies']} random bodies on the {f['backend'].upper()}. Ours: largest "
+        f"error {f['ours_max']:.1e} against complex-step NumPy, none wrong. "
+        f"`lax.fori_loop`: {f['lax_wrong']} wrong (error above 1e-3). The bodies with "
+        "one read and two or more steps, by how the read is guarded:",
+        table(["guard", "lax right", "lax wrong"], forms, right="--:"),
+        "All bodies of two or more steps (one or two reads), by whether one of their "
+        "reads of the previous row is guarded by `i > 0` (`where` or `lax.cond`):",
+        table(
+            ["a read guarded by `i > 0`", "lax right", "lax wrong"],
+            guarded,
+            right="--:",
+        ),
+        f"The same fuzzer on the {cpu['backend'].upper()}, {cpu['bodies']} bodies: "
+        f"ours, largest error {cpu['ours_max']:.1e}; `lax.fori_loop`, "
+        f"{cpu['lax_wrong']} wrong.",
+    )
 
 
 if __name__ == "__main__":

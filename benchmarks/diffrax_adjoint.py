@@ -18,7 +18,8 @@ with respect to the vector field's parameters):
 Reported per adjoint: gradient time (medians of interleaved rounds after warm-up),
 trace + lower and XLA compile times separately, compiled temporary memory, steps
 taken; and `jax.jvp` / `jax.jacfwd` time against `ForwardMode`. Prints markdown
-tables; ratios are within this run.
+tables; ratios are within this run. The JSON records the workload, its parameters
+and the rounds beside the rows.
 """
 
 import argparse
@@ -34,6 +35,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from _common import temp_bytes
+from _format import index, load, milliseconds, nbytes, page, table
 
 from boundedloop.diffrax import CheckpointedAdjoint
 
@@ -234,7 +236,94 @@ def main():
         )
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"steps": steps, "rows": list(rows.values())}, indent=1))
+    parameters = dict(workload=args.workload, **WORKLOADS[args.workload]._asdict())
+    results = dict(**parameters, rounds=args.rounds, steps=steps)
+    out.write_text(json.dumps({**results, "rows": list(rows.values())}, indent=1))
+
+
+# --- the docs' tables (`benchmarks/tables.py` writes them) ---------------------
+
+OURS, RCA = "CheckpointedAdjoint", "RecursiveCheckpointAdjoint"
+# diffrax's own adjoint for each mode: the ratios are to its time
+BASE = {"grad": f"{RCA}()", "jvp": "ForwardMode()", "jacfwd": "ForwardMode()"}
+MODES = tuple(BASE)
+# the comparisons of `diffrax_summary_table`: row label -> (mode, ours, theirs)
+SUMMARY = {
+    "`grad`, defaults": ("grad", f"{OURS}()", f"{RCA}()"),
+    "`grad`, 16 checkpoints each": ("grad", f"{OURS}(16)", f"{RCA}(16)"),
+    "`grad`, ours storing every step": ("grad", f"{OURS}(store all)", f"{RCA}()"),
+    "`jvp`": ("jvp", f"{OURS}()", "ForwardMode()"),
+    "`jacfwd`": ("jacfwd", f"{OURS}()", "ForwardMode()"),
+}
+
+
+def load_run(workload: str) -> dict:
+    """`benchmarks/results/diffrax_adjoint_<workload>.json`, with its rows by
+    (mode, adjoint), in the order of `MODES`."""
+    run = load(f"diffrax_adjoint_{workload}.json")
+    rows = sorted(run["rows"], key=lambda r: MODES.index(r["mode"]))
+    return {**run, "rows": index(rows, "mode", "adjoint")}
+
+
+def ratios(rows: dict) -> dict:
+    """For each row of `load_run`'s `rows`, its time and its trace + compile time
+    over those of diffrax's adjoint for its mode (`BASE`)."""
+
+    def compiling(r):
+        return r["trace_lower_s"] + r["compile_s"]
+
+    found = {}
+    for key, r in rows.items():
+        base = rows[(r["mode"], BASE[r["mode"]])]
+        found[key] = (r["ms"] / base["ms"], compiling(r) / compiling(base))
+    return found
+
+
+def adjoint_name(adjoint: str, max_steps: int) -> str:
+    """How the docs name an adjoint of the results."""
+    if adjoint == "CheckpointedAdjoint(store all)":
+        return f"`CheckpointedAdjoint({max_steps})` (every step)"
+    return f"`{adjoint}`"
+
+
+def diffrax_table(workload: str) -> str:
+    """One workload of the diffrax benchmark: each mode and adjoint, its time and
+    its ratios to diffrax's adjoint for the mode (the diffrax guide)."""
+    run = load_run(workload)
+    rows, max_steps = run["rows"], run["max_steps"]
+    to_base = ratios(rows)
+    cells = [
+        [f"`{mode}`", adjoint_name(adjoint, max_steps), milliseconds(r["ms"])]
+        + [f"{ratio:.2f}" for ratio in to_base[(mode, adjoint)]]
+        + [nbytes(r["temp_bytes"])]
+        for (mode, adjoint), r in rows.items()
+    ]
+    ours, theirs = (rows[("grad", f"{who}(16)")]["ms"] for who in (OURS, RCA))
+    header = ["mode", "adjoint", "time", "ratio", "trace + compile ratio"]
+    return page(
+        f"{run['steps']} steps of `max_steps={max_steps}`; medians of {run['rounds']} "
+        f"interleaved rounds (`benchmarks/results/diffrax_adjoint_{workload}.json`):",
+        table([*header, "temp memory"], cells, left=2),
+        "At the same checkpoint count, `CheckpointedAdjoint(16)` takes "
+        f"{ours / theirs:.2f} times `RecursiveCheckpointAdjoint(16)`'s time "
+        f"({milliseconds(ours)} against {milliseconds(theirs)}).",
+    )
+
+
+def diffrax_summary_table() -> str:
+    """Every workload of the diffrax benchmark in one table of ratios, a column
+    per workload (the why page)."""
+    runs = {workload: load_run(workload) for workload in WORKLOADS}
+
+    def ratio(rows, mode, ours, theirs):
+        if (mode, ours) not in rows or (mode, theirs) not in rows:
+            return "-"
+        return f"{rows[(mode, ours)]['ms'] / rows[(mode, theirs)]['ms']:.2f}"
+
+    cells = [["steps taken", *(run["steps"] for run in runs.values())]]
+    for label, compared in SUMMARY.items():
+        cells.append([label, *(ratio(run["rows"], *compared) for run in runs.values())])
+    return page(table(["workload", *runs], cells))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ two variants' results are checked equal first. Also reported: the number of
 `while` loop's condition (run once per step), and the machine's load average before
 the run: run it when nothing else is busy (on 2 cores a load above 1 slows both
 variants). Writes JSON to `--out` (default `benchmarks/results/distributed.json`,
-which `benchmarks/tables.py` turns into the scaling-out guide's table) and prints
+which `distributed_table` below turns into the scaling-out guide's table) and prints
 a markdown table. Each worker has a watchdog; the parent waits with a timeout and
 ends a worker left running by its PID.
 """
@@ -41,6 +41,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from _format import index, load, page, seconds, table
 
 
 WIDTH = 32
@@ -248,6 +250,30 @@ def main():
     results = launch(args.processes, args.rounds)
     pathlib.Path(args.out).write_text(json.dumps(results, indent=1))
     print(report(results))
+
+
+# --- the docs' table (`benchmarks/tables.py` writes it) ------------------------
+
+
+def distributed_table() -> str:
+    """Under `jax.distributed`: time per call of `jit(vmap)` and `shard_map(vmap)`,
+    forward and gradient, and the all-reduce ops in each compiled loop condition
+    (the scaling-out guide)."""
+    by = index(load("distributed.json")["rows"], "variant", "kind")
+    rows = []
+    for kind in ("forward", "gradient"):
+        batched, per_device = (by[(v, kind)] for v in VARIANTS)
+        rows.append(
+            [kind, seconds(batched["seconds"]), seconds(per_device["seconds"])]
+            + [f"{batched['seconds'] / per_device['seconds']:.3g}"]
+            + [
+                f"{batched['all_reduce_in_loop_conditions']} / "
+                f"{per_device['all_reduce_in_loop_conditions']}"
+            ]
+        )
+    header = ["per call", "`jit(vmap)`", "`shard_map(vmap)`", "ratio"]
+    header.append("all-reduces in loop conditions")
+    return page(table(header, rows))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from _common import (
     interleaved_medians,
     write_results,
 )
+from _format import index, load, page, table
 from jax import lax
 
 import boundedloop as bl
@@ -142,6 +143,31 @@ def main():
         )
     if out:
         write_results(out, rounds=rounds, rows=rows)
+
+
+# --- the docs' table (`benchmarks/tables.py` writes it) ------------------------
+
+
+def forward_mode_table() -> str:
+    """Forward-mode time over `lax.while_loop`'s JVP, for each loop and `n` (the
+    why page)."""
+    rows = load("forward_mode.json")["rows"]
+    by = index(rows, "kind", "mode", "n")
+    kinds = [k for k in dict.fromkeys(r["kind"] for r in rows) if k != REFERENCE]
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    names = {
+        k: k.replace("boundedloop", "bl.while_loop,").replace(
+            "store all", "storing every step"
+        )
+        for k in kinds
+    }
+    cells = [
+        [names[kind], n]
+        + [f"{by[(kind, mode, n)]['over_reference']:.2f}" for mode in modes]
+        for kind in kinds
+        for n in sorted({r["n"] for r in rows})
+    ]
+    return page(table(["loop", "n", *(f"`jax.{mode}`" for mode in modes)], cells))
 
 
 if __name__ == "__main__":

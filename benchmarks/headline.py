@@ -19,7 +19,8 @@ the final `y`, and `jax.grad` of the loss with respect to `W`.
   `temp_size_in_bytes` and `host_temp_size_in_bytes`, and the seconds per gradient
   (medians of `--rounds` interleaved rounds after a warm-up call). A failed trace,
   compile or run (e.g. RESOURCE_EXHAUSTED: the tape does not fit) becomes a row with
-  an `error` string.
+  an `error` string, and where the chip ran out of memory, `needs_gb` and `hbm_gb`
+  (from XLA's message).
 - **compile** rows: for the forward loss and its gradient, max_steps 4096, checkpoints
   16, n 256: `boundedloop`, `equinox`, `scan` (256 steps) and, forward only, `lax`
   (`lax.while_loop`). Trace, lower and XLA compile seconds, each separately, of a fresh
@@ -45,6 +46,7 @@ import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 from _common import interleaved_medians, temp_bytes, write_results
+from _format import index, load, nbytes, page, seconds, table
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
@@ -126,6 +128,15 @@ def _error(stage, e) -> str:
     return f"{stage}: {type(e).__name__}: {e}"[:300]
 
 
+def _out_of_memory(e) -> dict:
+    """What XLA's message says the program needs and the chip has, in GB (as it
+    writes `G`), where it ran out of memory; else nothing."""
+    found = re.search(
+        r"\((\d+\.?\d*)G\) exceeds available HBM \((\d+\.?\d*)G\)", str(e)
+    )
+    return dict(needs_gb=float(found[1]), hbm_gb=float(found[2])) if found else {}
+
+
 def _print(row):
     print(row, flush=True)
 
@@ -175,7 +186,7 @@ def gradient_rows(batch, width, rounds) -> list:
                 stage = "run"
                 jax.block_until_ready(exe(*args))  # warm-up
             except Exception as e:
-                row["error"] = _error(stage, e)
+                row.update(error=_error(stage, e), **_out_of_memory(e))
                 _print(row)
                 continue
             compiled[key] = exe
@@ -309,6 +320,126 @@ def main():
         results["compile"] = compile_rows(args.batch, args.width, args.repeats)
         write_results(out, **results)
     print("wrote", out, flush=True)
+
+
+# --- the docs' tables (`benchmarks/tables.py` writes them) ---------------------
+
+HEADLINE_KINDS = {
+    "scan": "`lax.scan`, every step stored",
+    "scan_offload": "`lax.scan`, steps offloaded to host memory",
+    "equinox": "equinox checkpointed",
+    "boundedloop": "`bl.while_loop`",
+}
+COMPILE_KINDS = {
+    "boundedloop": "`bl.while_loop`",
+    "equinox": "equinox checkpointed",
+    "lax": "`lax.while_loop`",
+    "scan": "`lax.scan`",
+}
+
+
+def _cell(row: dict) -> str:
+    """Time per gradient and compiled temporary memory, or why there is none."""
+    if "needs_gb" in row:
+        return f"does not fit: needs {row['needs_gb']:g} GB of {row['hbm_gb']:g} GB"
+    if "error" in row:
+        return "failed: " + row["error"].split(":")[0]
+    cell = f"{seconds(row['grad_s'])}, {nbytes(row['temp_bytes'])}"
+    if row.get("host_temp_bytes"):
+        cell += f" + {nbytes(row['host_temp_bytes'])} on host"
+    return cell
+
+
+def headline_comparisons(rows: list[dict]) -> dict:
+    """Of the gradient rows with `CHECKPOINTS` checkpoints, at the largest `n`: our
+    time over equinox's and over the offloading scan's, and equinox's memory over
+    ours; at the smallest `n`, our time over equinox's."""
+    by = index([r for r in rows if "error" not in r], "kind", "n", "checkpoints")
+    small, large = min(r["n"] for r in rows), max(r["n"] for r in rows)
+    ours, eqx, off = (
+        by[(k, large, CHECKPOINTS)] for k in ("boundedloop", "equinox", "scan_offload")
+    )
+    return dict(
+        small=small,
+        large=large,
+        over_equinox=ours["grad_s"] / eqx["grad_s"],
+        less_memory=eqx["temp_bytes"] / ours["temp_bytes"],
+        over_offload=ours["grad_s"] / off["grad_s"],
+        over_equinox_small=by[("boundedloop", small, CHECKPOINTS)]["grad_s"]
+        / by[("equinox", small, CHECKPOINTS)]["grad_s"],
+    )
+
+
+def headline_table(platform: str = "tpu") -> str:
+    """The gradient whose store-every-step tape does not fit in the accelerator's
+    memory, four ways: time and memory at two trip counts (README, performance
+    page)."""
+    run = load(f"headline_{platform}.json")
+    rows = run["gradient"]
+    cases = sorted({(r["n"], r["max_steps"]) for r in rows})
+    by = index(rows, "kind", "checkpoints", "n", "max_steps")
+    cells = []
+    for kind, label in HEADLINE_KINDS.items():
+        for c in sorted({r["checkpoints"] for r in rows if r["kind"] == kind}):
+            name = label if kind.startswith("scan") else f"{label}, {c} checkpoints"
+            found = [by.get((kind, c, *case)) for case in cases]
+            cells.append([name, *(_cell(r) if r else "-" for r in found)])
+    f = headline_comparisons(rows)
+    return page(
+        f"On one {run['device_kind']} chip (JAX {run['jax']}): the gradient with "
+        f"respect to `W` of `x <- tanh(x @ W)` on a float32 state of {run['batch']} x "
+        f"{run['width']}, stopping when a counter reaches a traced `n`. Time per "
+        f"gradient (median of {run['rounds']} interleaved rounds after warm-up) and "
+        "the compiled program's temporary memory (`benchmarks/headline.py`, "
+        f"`benchmarks/results/headline_{platform}.json`); `lax.scan` runs exactly "
+        "`n` steps, known when it is traced:",
+        table(["gradient", *(f"`n={n}`, `max_steps={m}`" for n, m in cases)], cells),
+        f"At `n={f['large']}` ours takes {f['over_equinox']:.2f} times equinox's time "
+        f"in {f['less_memory']:.1f} times less memory, and {f['over_offload']:.2f} "
+        f"times the offloading scan's time with no host memory; at `n={f['small']}`, "
+        f"{f['over_equinox_small']:.2f} times equinox's.",
+    )
+
+
+def compile_table(platform: str = "tpu") -> str:
+    """Trace, lower and XLA compile of the headline's programs, gradient and forward
+    only, with the while loops in the compiled program (performance page), from
+    `headline.py --only compile`."""
+    run = load(f"headline_compile_{platform}.json")
+    rows = index(run["compile"], "mode", "kind")
+    base = {"grad": "equinox", "forward": "lax"}  # the ratios are to its time
+    cells = []
+    for mode in ("grad", "forward"):
+        for kind, label in COMPILE_KINDS.items():
+            r = rows.get((mode, kind))
+            if r is None:
+                continue
+            each = [repetition["xla_s"] for repetition in r["repetitions"]]
+            cells.append(
+                [
+                    "gradient" if mode == "grad" else "forward",
+                    label
+                    + (f" ({r['scan_length']} steps)" if r["scan_length"] else ""),
+                    f"{r['xla_s']:.2f} s",
+                    f"{min(each):.2f} to {max(each):.2f} s",
+                    f"{r['xla_s'] / rows[(mode, base[mode])]['xla_s']:.2f}",
+                    f"{r['trace_s'] + r['lower_s']:.2f} s",
+                    r["whiles"],
+                    r["hlo_lines"],
+                ]
+            )
+    header = ["program", "loop", "XLA compile", "each repetition", "ratio"]
+    header += ["trace + lower", "while loops", "HLO lines"]
+    any_row = run["compile"][0]
+    return page(
+        f"On one {run['device_kind']} chip: the headline's program at "
+        f"`n={any_row['n']}`, `max_steps={any_row['max_steps']}`, "
+        f"{any_row['checkpoints']} checkpoints; medians of {run['repeats']} "
+        "alternating repetitions after a warm-up compile of each. Ratio: XLA compile "
+        "time over equinox's for the gradient, over `lax.while_loop`'s for the "
+        "forward pass.",
+        table(header, cells, left=2),
+    )
 
 
 if __name__ == "__main__":

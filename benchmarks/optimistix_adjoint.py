@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import optimistix as optx
 from _common import compile_time, interleaved_medians, write_results
+from _format import load, page, seconds, table
 
 from boundedloop.optimistix import CheckpointedAdjoint
 
@@ -152,6 +153,43 @@ def main():
         )
     if args.out:
         write_results(args.out, rounds=args.rounds, compiles=args.compiles, **results)
+
+
+# --- the docs' tables (`benchmarks/tables.py` writes them) ---------------------
+
+
+def optimistix_adjoint_table() -> str:
+    """Gradient, forward mode and compile of optimistix solves with each adjoint
+    (the optimistix guide): two tables."""
+    data = load("optimistix_adjoint.json")
+    per_call, forward_and_compile = [], []
+    for problem, row in data.items():
+        if not (isinstance(row, dict) and "steps" in row):
+            continue  # the machine's description
+        grad, fwd, comp = (
+            row[k] for k in ("gradient_seconds", "jacfwd_seconds", "compile_seconds")
+        )
+        per_call.append(
+            [problem, row["steps"]]
+            + [seconds(grad[k]) for k in ADJOINTS]
+            + [f"{grad['ours'] / grad['RCA']:.2f}"]
+        )
+        forward_and_compile.append(
+            [problem, *(seconds(fwd[k]) for k in ("ours", "implicit"))]
+            + [f"{comp[k]:.2f} s" for k in ADJOINTS]
+            + [f"{comp['ours'] / comp['RCA']:.2f}"]
+        )
+    header = ["problem (unknowns)", "`jacfwd`, ours", "`jacfwd`, implicit"]
+    header += ["compile, ours", "RCA", "implicit", "ours / RCA"]
+    return page(
+        "Gradient, per call:",
+        table(
+            ["problem (unknowns)", "steps", "ours", "RCA", "implicit", "ours / RCA"],
+            per_call,
+        ),
+        "`jax.jacfwd` per call (RCA has none), and the gradient's compile:",
+        table(header, forward_and_compile),
+    )
 
 
 if __name__ == "__main__":

@@ -22,13 +22,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.patches as mpatches  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
-from tables import (  # noqa: E402
-    _diffrax,
-    _diffrax_adjoint_name,
-    DIFFRAX_BASE,
-    DIFFRAX_MODES,
-    write_tables,
-)
+from diffrax_adjoint import adjoint_name, load_run, ratios  # noqa: E402
+from tables import write_tables  # noqa: E402
 
 
 RESULTS = pathlib.Path("benchmarks/results")
@@ -202,7 +197,7 @@ def schedule(n=40, slots=4):
 def diffrax_adjoints():
     """Time per call relative to diffrax's adjoint for the mode, the workloads of
     `diffrax_adjoint.py`: one panel per workload, the bars named and ordered as in
-    the diffrax guide's tables (`tables.diffrax_table`)."""
+    the diffrax guide's tables (`diffrax_adjoint.diffrax_table`)."""
     workloads = [
         w
         for w in ("neural", "long", "wide")
@@ -210,8 +205,8 @@ def diffrax_adjoints():
     ]
     if not workloads:
         return
-    runs = {w: _diffrax(w) for w in workloads}
-    heights = [len(rows) for rows, *_ in runs.values()]
+    runs = {w: load_run(w) for w in workloads}
+    heights = [len(run["rows"]) for run in runs.values()]
     fig, axes = plt.subplots(
         len(runs),
         1,
@@ -220,18 +215,17 @@ def diffrax_adjoints():
         squeeze=False,
     )
     colour = {True: "tab:blue", False: "tab:orange"}
-    for ax, (workload, (rows, steps, max_steps, _)) in zip(axes[:, 0], runs.items()):
-        ordered = sorted(rows.values(), key=lambda r: DIFFRAX_MODES.index(r["mode"]))
-        labels, ratios, colours = [], [], []
-        for r in ordered:
-            base = rows[(r["mode"], DIFFRAX_BASE[r["mode"]])]
-            name = _diffrax_adjoint_name(r["adjoint"], max_steps).replace("`", "")
-            labels.append(f"{r['mode']}: {name}")
-            ratios.append(r["ms"] / base["ms"])
-            colours.append(colour[r["adjoint"].startswith("CheckpointedAdjoint")])
+    for ax, (workload, run) in zip(axes[:, 0], runs.items()):
+        max_steps, to_base = run["max_steps"], ratios(run["rows"])
+        labels, times, colours = [], [], []
+        for (mode, adjoint), (time, _) in to_base.items():
+            name = adjoint_name(adjoint, max_steps).replace("`", "")
+            labels.append(f"{mode}: {name}")
+            times.append(time)
+            colours.append(colour[adjoint.startswith("CheckpointedAdjoint")])
         y = range(len(labels))
-        ax.barh(y, ratios, color=colours)
-        for i, ratio in zip(y, ratios):
+        ax.barh(y, times, color=colours)
+        for i, ratio in zip(y, times):
             ax.annotate(
                 f"{ratio:.2f}",
                 (ratio, i),
@@ -243,9 +237,11 @@ def diffrax_adjoints():
         ax.axvline(1.0, color="k", lw=0.8)
         ax.set_yticks(list(y), labels, fontsize=10)
         ax.invert_yaxis()
-        ax.set_xlim(0, max(ratios) * 1.12)
+        ax.set_xlim(0, max(times) * 1.12)
         ax.grid(axis="y", visible=False)
-        ax.set_title(f"{workload}: {steps} steps of max_steps={max_steps}", fontsize=11)
+        ax.set_title(
+            f"{workload}: {run['steps']} steps of max_steps={max_steps}", fontsize=11
+        )
     axes[-1, 0].set_xlabel("time / diffrax's adjoint for the mode (lower is faster)")
     handles = [
         mpatches.Patch(color=colour[True], label="boundedloop's adjoint"),

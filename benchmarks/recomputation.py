@@ -11,12 +11,14 @@ Counts are measured in the compiled programs with `jax.debug.callback`.
 
 import argparse
 import json
+import math
 import pathlib
 
 import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 from _common import EvalCounter
+from _format import index, load, page, table
 
 import boundedloop as bl
 from boundedloop._schedule import gradient_body_evaluations, optimal_placement_costs
@@ -49,7 +51,8 @@ def count(kind, n, c):
 
 
 def markdown_table(rows) -> str:
-    """The table of counts and ratios to the optimum, one row per (n, c)."""
+    """The table of counts and ratios to the optimum, one row per (n, c), for the
+    text file (`recomputation_table` is the docs')."""
     lines = [
         "| n | c | optimum | bl.while_loop | ratio | bl.scan | ratio "
         "| equinox checkpointed | ratio |",
@@ -108,6 +111,68 @@ def main():
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows, indent=1))
+
+
+# --- the docs' tables (`benchmarks/tables.py` writes them) ---------------------
+
+STEPS = (10, 100, 1000, 10000, 100000)
+CHECKPOINTS = (2, 4, 8, 16, 32)
+# the cells `docs/why-boundedloop.md` compares, as (steps n, checkpoints c)
+WHY_CELLS = ((10000, 4), (1000, 2), (1000, 4), (10000, 8), (10000, 16))
+
+
+def repetitions(n: int, c: int) -> int:
+    """The smallest integer `r >= 0` with `binomial(c + r, r) >= n`."""
+    r = 0
+    while math.comb(c + r, r) < n:
+        r += 1
+    return r
+
+
+def repetitions_table(steps=STEPS, checkpoints=CHECKPOINTS) -> str:
+    """For `n` steps and `c` checkpoints, the smallest `r` with
+    `binomial(c + r, r) >= n` (the binomial checkpointing bound: a gradient then
+    recomputes fewer than `r n` steps). One row per `n`, one column per `c`."""
+    header = ["steps `n`", *(f"r for c = {c}" for c in checkpoints)]
+    rows = [[n, *(repetitions(n, c) for c in checkpoints)] for n in steps]
+    return page(table(header, rows, left=0))
+
+
+def recomputation_table() -> str:
+    """Body evaluations per gradient, with their ratio to the optimum in one cell so
+    that the table fits the page (`markdown_table`, for the text file, has a column
+    per ratio)."""
+
+    def cell(count, optimum):
+        return "not run" if count is None else f"{count} ({count / optimum:.3f})"
+
+    rows = [
+        [r["n"], r["c"], r["optimum"]]
+        + [cell(r[k], r["optimum"]) for k in ("boundedloop", "scan", "equinox")]
+        for r in sorted(load("recomputation.json"), key=lambda r: (r["n"], r["c"]))
+    ]
+    header = ["n", "c", "optimum", "bl.while_loop", "bl.scan", "equinox checkpointed"]
+    return page(
+        "Body evaluations in one gradient, and in brackets their ratio to the optimum:",
+        table(header, rows, left=0),
+    )
+
+
+def why_recomputation_table() -> str:
+    """The cells where the two checkpointed loops differ most, with equinox's
+    count over ours (the why page)."""
+    by_cell = index(load("recomputation.json"), "n", "c")
+    rows = []
+    for n, c in WHY_CELLS:
+        r = by_cell[(n, c)]
+        ours, theirs = r["boundedloop"], r["equinox"]
+        rows.append(
+            [n, c, r["optimum"], ours]
+            + (["not run", "-"] if theirs is None else [theirs, f"{theirs / ours:.3g}"])
+        )
+    header = ["steps n", "checkpoints c", "optimum", "bl.while_loop"]
+    header += ["equinox checkpointed", "equinox / ours"]
+    return page(table(header, rows, left=0))
 
 
 if __name__ == "__main__":

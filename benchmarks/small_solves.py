@@ -31,6 +31,7 @@ import diffrax
 import jax
 import jax.numpy as jnp
 from _common import interleaved_medians, write_results
+from _format import load, page, seconds, table
 
 from boundedloop.diffrax import CheckpointedAdjoint
 
@@ -141,6 +142,27 @@ def main():
     if args.out:
         xla_flags = os.environ.get("XLA_FLAGS", "")
         write_results(args.out, rounds=args.rounds, xla_flags=xla_flags, **results)
+
+
+# --- the docs' table (`benchmarks/tables.py` writes it) ------------------------
+
+
+def small_solves_table() -> str:
+    """The gradient of a 100-step Tsit5 solve on 1 to 64 elements, ours against
+    `RecursiveCheckpointAdjoint()`, with XLA's CPU limit for compiling a while loop
+    into one kernel at its default and raised (the performance page)."""
+    runs = [load("small_solves.json"), load("small_solves_hoisted.json")]
+
+    def cells(cell):
+        return [seconds(cell["RCA"]), seconds(cell["ours"]), f"{cell['ratio']:.2f}"]
+
+    rows = [
+        [size, *(c for run in runs for c in cells(run["fixed_cost"][size]))]
+        for size in runs[0]["fixed_cost"]
+    ]
+    header = ["state", "RCA, default limit", "ours", "ratio"]
+    header += ["RCA, 65536 bytes", "ours", "ratio"]
+    return page(table(header, rows, left=0))
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from _common import (
     nested_scan_loop,
     temp_bytes,
 )
+from _format import index, load, nbytes, page, table
 from jax import lax
 
 import boundedloop as bl
@@ -136,13 +137,6 @@ def time_interleaved(entries, weights, x, rounds):
         row[key] = statistics.median(samples[(id(row), key)])
 
 
-def table(rows, columns, header):
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for r in rows:
-        lines.append("| " + " | ".join(str(r[c]) for c in columns) + " |")
-    return "\n".join(lines)
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer max_steps and reps")
@@ -203,23 +197,19 @@ def main():
         f"ratios within this run; 'last' is max_steps={hi}, 'first' is {lo}."
     )
     print()
-    print(
-        table(
-            summary,
-            list(summary[0].keys()),
-            [
-                "loop",
-                f"grad {hi}/{lo}",
-                f"grad/ideal @{lo}",
-                f"grad/ideal @{hi}",
-                f"grad_w/ideal @{hi}",
-                f"fwd/lax.while @{hi}",
-                f"compile {hi}/{lo}",
-                f"temp bytes ({', '.join(map(str, max_steps_list))})",
-                "body evals per grad",
-            ],
-        )
-    )
+    header = [
+        "loop",
+        f"grad {hi}/{lo}",
+        f"grad/ideal @{lo}",
+        f"grad/ideal @{hi}",
+        f"grad_w/ideal @{hi}",
+        f"fwd/lax.while @{hi}",
+        f"compile {hi}/{lo}",
+        f"temp bytes ({', '.join(map(str, max_steps_list))})",
+        "body evals per grad",
+    ]
+    cells = [list(s.values()) for s in summary]
+    print("\n".join(table(header, cells, left=len(header))))
     print()
     print(
         f"ideal lax.scan: grad {ideal['grad_x_s'] * 1e3:.2f} ms, evals {ideal['body_evals_per_grad']}; "
@@ -241,6 +231,94 @@ def main():
             indent=1,
         )
     )
+
+
+# --- the docs' tables (`benchmarks/tables.py` writes them) ---------------------
+
+# how `docs/why-boundedloop.md` names the loops
+WHY_LOOP_NAMES = {
+    "boundedloop": "bl.while_loop",
+    "boundedloop (default checkpoints)": "bl.while_loop, default checkpoints",
+    "equinox checkpointed": "equinox checkpointed",
+    "equinox bounded": "equinox bounded",
+    "nested scan+cond": "nested lax.scan + lax.cond",
+    "fori_loop+cond": "lax.fori_loop + lax.cond",
+}
+
+
+def _results():
+    """`while_loop.json`, its `max_steps` in order, and its rows by (kind,
+    max_steps)."""
+    data = load("while_loop.json")
+    sizes = sorted({r["max_steps"] for r in data["rows"]})
+    return data, sizes, index(data["rows"], "kind", "max_steps")
+
+
+def while_loop_table() -> str:
+    """The gradient-time benchmark as narrow tables: time ratios, then memory and
+    body evaluations for each `max_steps` (the performance page)."""
+    data, sizes, by = _results()
+    first, last, summary = sizes[0], sizes[-1], data["summary"]
+
+    def columns(*keys):
+        return [[s["kind"], *(s[k] for k in keys)] for s in summary]
+
+    def by_size(key, write):
+        rows = [
+            [s["kind"], *(write(by[(s["kind"], m)].get(key)) for m in sizes)]
+            for s in summary
+        ]
+        return table(["loop", *map(str, sizes)], rows)
+
+    return page(
+        f"Adaptive MLP, 8 steps taken, checkpoints={data['checkpoints']}; ratios "
+        f"within one run. The ideal, `lax.scan` over exactly the 8 steps: gradient "
+        f"{data['ideal']['grad_x_s'] * 1e3:.2f} ms; `lax.while_loop` forward "
+        f"{data['lax_while_loop']['forward_s'] * 1e3:.2f} ms. OOM: the gradient "
+        "did not fit in memory. Gradient time, ratios (grad: with respect to `x`; "
+        "grad_w: with respect to the weights):",
+        table(
+            ["loop", f"grad {last} / {first}", f"grad / ideal @{first}"]
+            + [f"grad / ideal @{last}", f"grad_w / ideal @{last}"],
+            columns(
+                "grad_last_over_first",
+                "grad_over_ideal_first",
+                "grad_over_ideal_last",
+                "gradw_over_ideal_last",
+            ),
+        ),
+        "Forward (undifferentiated) time over `lax.while_loop`'s, and the gradient's "
+        "compile time, ratios:",
+        table(
+            ["loop", f"forward / `lax.while_loop` @{last}"]
+            + [f"gradient compile time {last} / {first}"],
+            columns("forward_over_while_last", "compile_last_over_first"),
+        ),
+        "Compiled temporary memory of the gradient, by `max_steps`:",
+        by_size("grad_temp_bytes", nbytes),
+        "Body evaluations in one gradient (-: not run, out of memory), by `max_steps`:",
+        by_size("body_evals_per_grad", lambda v: "-" if v is None else str(v)),
+    )
+
+
+def why_while_loop_table() -> str:
+    """The same benchmark, one row per loop: is the gradient flat in `max_steps`
+    (the why page)."""
+    data, sizes, by = _results()
+    first, last = sizes[0], sizes[-1]
+
+    def ratio(v):
+        return "out of memory" if v == "OOM" else v
+
+    rows = [
+        [WHY_LOOP_NAMES[s["kind"]]]
+        + [ratio(s["grad_last_over_first"]), ratio(s["grad_over_ideal_last"])]
+        + [by[(s["kind"], last)]["grad_temp_bytes"]]
+        for s in data["summary"]
+    ]
+    header = ["loop", f"gradient time, max_steps {last} / {first}"]
+    header += [f"gradient / ideal at {last}", f"temp memory at {last} (bytes)"]
+    return page(table(header, rows))
 
 
 if __name__ == "__main__":
