@@ -1,0 +1,70 @@
+"""Where the scalar solve's gradient spends its time against RCA's: the gradient of
+`small_solves.py`'s 100-step constant-step Tsit5 solve on a state of 1 element,
+with each adjoint at several checkpoint counts, in one process, interleaved.
+
+    python benchmarks/small_solve_checkpoints.py [--rounds 400] [--sizes 1 4]
+
+`None` is each adjoint's default for `max_steps=4096` (90 checkpoints, so about
+10 of the 100 steps are recomputed); 128 stores every step. If ours gains on RCA
+as checkpoints fall (more recomputation, but run in the cheap steps' nested loops),
+the gap lies in the control of each reversed step, not in the steps themselves.
+Writes `benchmarks/results/small_solve_checkpoints.json` (milliseconds per
+gradient, medians of `--rounds` rounds after a warm-up call).
+"""
+
+import argparse
+import pathlib
+
+import diffrax
+import jax
+import jax.numpy as jnp
+from _common import interleaved_medians, write_results
+from small_solves import solve
+
+from boundedloop.diffrax import CheckpointedAdjoint
+
+
+ADJOINTS = {
+    "RCA": diffrax.RecursiveCheckpointAdjoint,
+    "ours": CheckpointedAdjoint,
+}
+CHECKPOINTS = {"RCA": (None, 128), "ours": (None, 128, 8, 2)}
+
+
+def gradient(adjoint):
+    def loss(y0, a):
+        return jnp.sum(solve(y0, a, adjoint, diffrax.Tsit5(), True) ** 2)
+
+    return jax.jit(jax.grad(loss, argnums=1))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=400)
+    parser.add_argument("--sizes", type=int, nargs="*", default=[1])
+    results = pathlib.Path(__file__).parent / "results"
+    parser.add_argument("--out", default=results / "small_solve_checkpoints.json")
+    args = parser.parse_args()
+    a = jnp.array([0.7, 0.3])
+    rows = []
+    for size in args.sizes:
+        y0 = jnp.linspace(0.5, 1.5, size)
+        fns = {
+            f"{name} {c}": gradient(ADJOINTS[name](checkpoints=c))
+            for name, counts in CHECKPOINTS.items()
+            for c in counts
+        }
+        for fn in fns.values():  # warm-up
+            jax.block_until_ready(fn(y0, a))
+        med = interleaved_medians(fns, {k: (y0, a) for k in fns}, args.rounds)
+        base = med["RCA None"]
+        for key, seconds in med.items():
+            name, c = key.split(" ")
+            row = dict(state=size, adjoint=name, checkpoints=c, ms=1e3 * seconds)
+            rows.append({**row, "over_rca": seconds / base})
+            print(f"state {size}  {key:10s} {1e3 * seconds:.4f} ms  {seconds / base:.3f}")
+    write_results(args.out, rounds=args.rounds, rows=rows)
+
+
+if __name__ == "__main__":
+    main()
