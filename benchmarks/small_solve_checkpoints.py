@@ -8,19 +8,26 @@ with each adjoint at several checkpoint counts, in one process, interleaved.
 10 of the 100 steps are recomputed); 128 stores every step. If ours gains on RCA
 as checkpoints fall (more recomputation, but run in the cheap steps' nested loops),
 the gap lies in the control of each reversed step, not in the steps themselves.
-Writes `benchmarks/results/small_solve_checkpoints.json` (milliseconds per
-gradient, medians of `--rounds` rounds after a warm-up call).
+
+The same for the loops alone (`control` rows): 100 steps of `x <- a sin(x) + 0.01`
+on a scalar, `max_steps=4096`, the gradient with respect to `a`, ours against
+equinox's checkpointed loop (the loop under RCA) at 90 and 8 checkpoints, and the
+number of while loops in each compiled gradient. Writes
+`benchmarks/results/small_solve_checkpoints.json` (milliseconds per gradient,
+medians of `--rounds` rounds after a warm-up call).
 """
 
 import argparse
 import pathlib
 
 import diffrax
+import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 from _common import interleaved_medians, write_results
 from small_solves import solve
 
+import boundedloop as bl
 from boundedloop.diffrax import CheckpointedAdjoint
 
 
@@ -36,6 +43,23 @@ def gradient(adjoint):
         return jnp.sum(solve(y0, a, adjoint, diffrax.Tsit5(), True) ** 2)
 
     return jax.jit(jax.grad(loss, argnums=1))
+
+
+def control_gradient(kind, checkpoints):
+    def final(a):
+        def body(carry):
+            x, i = carry
+            return jnp.sin(x) * a + 0.01, i + 1
+
+        init, options = (jnp.array(0.5), jnp.array(0)), dict(max_steps=4096)
+        if kind == "equinox":
+            options.update(kind="checkpointed")
+        loop = eqxi.while_loop if kind == "equinox" else bl.while_loop
+        return loop(
+            lambda c: c[1] < 100, body, init, checkpoints=checkpoints, **options
+        )[0]
+
+    return jax.jit(jax.grad(final))
 
 
 def main():
@@ -62,7 +86,24 @@ def main():
             name, c = key.split(" ")
             row = dict(state=size, adjoint=name, checkpoints=c, ms=1e3 * seconds)
             rows.append({**row, "over_rca": seconds / base})
-            print(f"state {size}  {key:10s} {1e3 * seconds:.4f} ms  {seconds / base:.3f}")
+            print(
+                f"state {size}  {key:10s} {1e3 * seconds:.4f} ms  {seconds / base:.3f}"
+            )
+    fns = {
+        f"{k} {c}": control_gradient(k, c) for k in ("equinox", "ours") for c in (90, 8)
+    }
+    a = jnp.array(0.9)
+    for fn in fns.values():
+        jax.block_until_ready(fn(a))
+    med = interleaved_medians(fns, {k: (a,) for k in fns}, args.rounds)
+    for key, seconds in med.items():
+        name, c = key.split(" ")
+        loops = fns[key].lower(a).compile().as_text().count(" while(")
+        row = dict(state="control", adjoint=name, checkpoints=c, ms=1e3 * seconds)
+        rows.append(
+            {**row, "over_equinox": seconds / med[f"equinox {c}"], "loops": loops}
+        )
+        print(f"control  {key:11s} {1e3 * seconds:.4f} ms  {loops} while loops")
     write_results(args.out, rounds=args.rounds, rows=rows)
 
 
