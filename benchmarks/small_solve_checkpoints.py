@@ -15,10 +15,21 @@ equinox's checkpointed loop (the loop under RCA) at 90 and 8 checkpoints, and th
 number of while loops in each compiled gradient. Writes
 `benchmarks/results/small_solve_checkpoints.json` (milliseconds per gradient,
 medians of `--rounds` rounds after a warm-up call).
+
+With `--profile`, instead: each adjoint's scalar gradient (default checkpoints)
+traced by `jax.profiler` over 20 calls, and per gradient the profiler's events,
+the threads they ran on, and the calls of XLA:CPU's concurrent thunk executor
+(`ThunkExecutor::Execute`: a while body whose thunks it runs as a dataflow graph
+on a thread pool, rather than in sequence on the calling thread).
 """
 
 import argparse
+import collections
+import glob
+import gzip
+import json
 import pathlib
+import tempfile
 
 import diffrax
 import equinox.internal as eqxi
@@ -62,15 +73,45 @@ def control_gradient(kind, checkpoints):
     return jax.jit(jax.grad(final))
 
 
+def profile(rows):
+    """Trace each adjoint's scalar gradient; a row of counts per adjoint."""
+    a, y0 = jnp.array([0.7, 0.3]), jnp.linspace(0.5, 1.5, 1)
+    for name, adjoint in ADJOINTS.items():
+        fn = gradient(adjoint())
+        jax.block_until_ready(fn(y0, a))
+        with tempfile.TemporaryDirectory() as where:
+            with jax.profiler.trace(where, create_perfetto_trace=True):
+                for _ in range(20):
+                    jax.block_until_ready(fn(y0, a))
+            (path,) = glob.glob(f"{where}/**/perfetto_trace.json.gz", recursive=True)
+            trace = json.load(gzip.open(path))
+        events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+        names = collections.Counter(e["name"] for e in events)
+        row = dict(
+            adjoint=name,
+            events_per_gradient=len(events) / 20,
+            threads=len({e.get("tid") for e in events}),
+            executor_calls_per_gradient=names["ThunkExecutor::Execute"] / 20,
+        )
+        rows.append(row)
+        print(row, flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=400)
     parser.add_argument("--sizes", type=int, nargs="*", default=[1])
+    parser.add_argument("--profile", action="store_true")
     results = pathlib.Path(__file__).parent / "results"
     parser.add_argument("--out", default=results / "small_solve_checkpoints.json")
     args = parser.parse_args()
     a = jnp.array([0.7, 0.3])
     rows = []
+    if args.profile:
+        profile(rows)
+        out = pathlib.Path(args.out)
+        write_results(out.with_name(out.stem + "_profile.json"), rows=rows)
+        return
     for size in args.sizes:
         y0 = jnp.linspace(0.5, 1.5, size)
         fns = {
