@@ -34,11 +34,12 @@ class Storage(eqx.Module):
     columns: tuple = eqx.field(static=True)  # per leaf: `(dtype name, column)` or None
 
 
-def empty(carry, slots: int, perturbed=None) -> Storage:
+def empty(carry, slots: int, perturbed=None, pack: bool = True) -> Storage:
     """Storage for `slots` copies of `carry` (a pytree of arrays), each row sharded
     (on a mesh with explicit axes) as the carry is. `perturbed`, one bool per leaf
     (or `None`: none known), keeps floating scalars that are perturbed apart from
-    those that are not."""
+    those that are not. Without `pack`, no leaves are packed (each stacked array
+    stays as small as its leaf allows: see `_cost_model.runs_in_order`)."""
     leaves, treedef = jtu.tree_flatten(carry)
     # Extended dtypes (typed PRNG keys) are never packed: they cannot be stacked
     # with others, and NumPy cannot name them. Floating leaves are packed only with
@@ -60,7 +61,9 @@ def empty(carry, slots: int, perturbed=None) -> Storage:
 
     scalars = [pack_name(x, p) for x, p in zip(leaves, perturbed)]
     # a dtype with one scalar keeps its own array: nothing to save by packing it
-    names = [n if n is not None and scalars.count(n) > 1 else None for n in scalars]
+    names = [
+        n if pack and n is not None and scalars.count(n) > 1 else None for n in scalars
+    ]
     columns = [
         None if n is None else (n, names[:k].count(n)) for k, n in enumerate(names)
     ]

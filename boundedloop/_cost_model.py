@@ -7,6 +7,14 @@ one place. Each choice changes only speed and compile time, never a result.
   costs more the larger the body is, and saves next to nothing when the body's own
   arithmetic dominates. (The forward sweep always runs its steps in a loop of their
   own between stores: see `_forward_sweeps.checkpointed_sweep`.)
+- **Loops that run in order** (`runs_in_order`): on a CPU, XLA runs a loop body's
+  operations one after another on the calling thread when none of them touches
+  more than `IN_ORDER_BYTES`; past that, as a graph of tasks on a thread pool,
+  which hands work between threads on every iteration. Where every array of a
+  small loop can stay that small, the sweeps keep them so: storage unpacked
+  (`_checkpoint_store.empty`), the store rule computed rather than read from a
+  table (`_store_rules.store_rule`), the recomputation's split found by a loop
+  rather than a table (`_recompute.split_rule`).
 - **Reads ordered before in-place writes** (`orders_buffer_reads`): a reversed step
   whose buffers' cotangents are large runs inside an always-true `lax.cond`, so that
   XLA updates them in place rather than copying them whole every step (see
@@ -81,6 +89,54 @@ def is_cheap(body) -> bool:
     elements per equation."""
     n, total = equations(body.jaxpr), work(body.jaxpr)
     return total < HEAVY_WORK and (n <= SMALL_BODY or total <= LIGHT_WORK * n)
+
+
+# XLA's CPU runtime (`ThunkExecutor` in jaxlib 0.10) runs a loop body's operations
+# in order on the calling thread when none touches more than this many bytes. On a
+# 100-step Tsit5 gradient of one number, a thread hand-off per iteration made ours
+# 1.33 times RCA's time, whose loops stay under it; every array kept under it,
+# 0.74 times (`benchmarks/results/small_solve_checkpoints.txt`)
+IN_ORDER_BYTES = 512
+# the loop form of the recomputation's split is exact in int32 for segments up to
+# this long (`_recompute.split_rule`)
+IN_ORDER_STEPS = 2**17
+
+
+def _largest(jaxpr) -> int:
+    """The bytes of the largest array `jaxpr` (and any jaxpr inside it) names."""
+    variables = [*jaxpr.constvars, *jaxpr.invars, *jaxpr.outvars]
+    variables += [v for e in jaxpr.eqns for v in (*e.invars, *e.outvars)]
+    sizes = [
+        math.prod(v.aval.shape) * v.aval.dtype.itemsize
+        for v in variables
+        if hasattr(getattr(v, "aval", None), "shape")
+    ]
+    inner = [
+        _largest(j) for e in jaxpr.eqns for j in jax.extend.core.jaxprs_in_params(e.params)
+    ]
+    return max(sizes + inner, default=0)
+
+
+def runs_in_order(body, slots: int, max_steps: int | None, arrays) -> bool:
+    """Whether a differentiated loop's sweeps keep every array within
+    `IN_ORDER_BYTES` (on a CPU; elsewhere `False`).
+
+    **Arguments:**
+
+    - `body`: the traced (closure-converted) body.
+    - `slots`: the checkpoints.
+    - `max_steps`: the loop's bound (`None`: unbounded, never in order).
+    - `arrays`: the sweeps' other arrays: a row per slot of each carry leaf
+        (stacked, as the storage holds them) and the buffers, as shapes and dtypes.
+    """
+    if jax.default_backend() != "cpu" or max_steps is None:
+        return False
+    if max_steps > IN_ORDER_STEPS:
+        return False
+    # the schedule's own arrays hold an int32 per slot, and one more
+    sizes = [4 * (slots + 1), _largest(body.jaxpr)]
+    sizes += [math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(arrays)]
+    return max(sizes) <= IN_ORDER_BYTES
 
 
 # buffers' cotangents up to this many bytes in all are cheaper to copy than to keep

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
-from . import _checkpoint_store, _progress
+from . import _checkpoint_store, _cost_model, _progress
 from ._batching import any_across_batch, select_if_batched
 from ._checkpoint_store import CheckpointStore
 from ._checks import (
@@ -147,10 +147,12 @@ def _store_event(rule, t, x, stores: _Stores, going) -> _Stores:
     )
 
 
-def _initial_stores(loop: TracedLoop, slots: int, perturbed=None) -> _Stores:
+def _initial_stores(
+    loop: TracedLoop, slots: int, perturbed=None, pack: bool = True
+) -> _Stores:
     """Empty storage; the rule's state comes with the first store."""
     return _Stores(
-        _checkpoint_store.empty(loop.init, slots, perturbed),
+        _checkpoint_store.empty(loop.init, slots, perturbed, pack),
         jnp.full((slots,), _checkpoint_store.UNUSED, jnp.int32),
         None,
         jnp.array(0, jnp.int32),
@@ -201,7 +203,9 @@ def checkpointed_sweep(loop: TracedLoop, config: LoopConfig, perturbed=None):
     body = _body(loop)
     max_steps, slots = config.max_steps, config.checkpoints
     meter = _progress.start(max_steps)  # None unless `bl.progress_meter` is on
-    rule = store_rule(slots, max_steps, config.known_length)
+    rows = [jax.ShapeDtypeStruct((slots, *x.shape), x.dtype) for x in loop.init]
+    in_order = _cost_model.runs_in_order(body, slots, max_steps, (rows, loop.bufs))
+    rule = store_rule(slots, max_steps, config.known_length, in_order)
 
     # the carry: `stepping = (t, x, bufs, written, trips)` and `_Stores`
     going, step = _stepping(loop, body, max_steps, meter)
@@ -225,7 +229,7 @@ def checkpointed_sweep(loop: TracedLoop, config: LoopConfig, perturbed=None):
     zero = jnp.array(0, jnp.int32)
     written = None if loop.checked_body is None else _masks(loop.bufs)
     stepping = (zero, loop.init, loop.bufs, written, zero)
-    stores = _initial_stores(loop, slots, perturbed)
+    stores = _initial_stores(loop, slots, perturbed, pack=not in_order)
     if rule is None:
         outer = store_every_step
     else:

@@ -37,11 +37,16 @@ SPLIT_SLOTS = 256
 SPLIT_LENGTH = 2**17
 
 
-def split_rule(slots: int, max_length: int) -> Callable:
-    """`split(length, k)` in-graph: as `_schedule.revolve_split`, from a table."""
+def split_rule(slots: int, max_length: int, in_order: bool = False) -> Callable:
+    """`split(length, k)` in-graph: as `_schedule.revolve_split`, from a table; or,
+    `in_order` (segments up to `_cost_model.IN_ORDER_STEPS` long, see
+    `_cost_model.runs_in_order`), by a loop over the repetition number, which keeps
+    no array (the table is one large array)."""
     # the table is a constant of the program: past `SPLIT_SLOTS` slots the split is
     # planned as if there were `SPLIT_SLOTS` (a valid schedule, using fewer slots)
     slots = min(slots, SPLIT_SLOTS)
+    if in_order:
+        return functools.partial(_split_in_order, slots)
     table = binomial_table(slots, max_length)
     table = jnp.asarray(np.minimum(table, np.iinfo(np.int32).max), jnp.int32)
     last = table.shape[1] - 1
@@ -60,6 +65,33 @@ def split_rule(slots: int, max_length: int) -> Callable:
         return jnp.where(length <= 1, 0, out).astype(jnp.int32)
 
     return split
+
+
+def _split_in_order(slots: int, length, k):
+    """`split_rule`'s split without the table: the repetition number `r` is the
+    first with `C(k + r, k) >= length`, found by stepping `C(k + r, k) = C(k + r -
+    1, k) (k + r) / r`. Exact in int32: each product is below `length * (k + r) <=
+    2**17 * 2**10` (`k <= SPLIT_SLOTS`, and `r <= 511` since `C(2 + 511, 2) >=
+    2**17`)."""
+    k = jnp.clip(k, 1, slots)
+
+    def below(carry):  # (one slot has a closed form, and would take `length` steps)
+        _, binomial, _ = carry
+        return (binomial < length) & (k > 1)
+
+    def grow(carry):
+        r, binomial, _ = carry
+        r = r + 1
+        return r, binomial * (k + r) // r, binomial
+
+    one = jnp.array(1, jnp.int32)
+    r, _, before = lax.while_loop(below, grow, (jnp.array(0, jnp.int32), one, one))
+    # `before = C(k + r - 1, k)`, and `C(k - 1 + r - 1, k - 1)` is it times `k / (k +
+    # r - 1)`: the table's `table[k, r - 1]` and `table[k - 1, r - 1]`
+    fewer = before * k // jnp.maximum(k + r - 1, 1)
+    general = jnp.minimum(before, length - fewer)
+    out = jnp.where(k == 1, length - 1, general)
+    return jnp.where(length <= 1, 0, out).astype(jnp.int32)
 
 
 class Stack(NamedTuple):
@@ -111,7 +143,13 @@ def make_sweep(
         config.checkpoints,
         # the same for every `max_steps`: the split reads a row of the table, so a
         # narrower one would make temporary memory depend on `max_steps`
-        split_rule(config.checkpoints, SPLIT_LENGTH),
+        split_rule(
+            config.checkpoints,
+            SPLIT_LENGTH,
+            _cost_model.runs_in_order(
+                step.body, config.checkpoints, config.max_steps, (tape.storage, tape.bufs)
+            ),
+        ),
         _cost_model.is_cheap(step.body),
         config.max_steps is not None and config.checkpoints >= config.max_steps,
         sorted_pos,

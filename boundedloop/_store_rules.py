@@ -46,8 +46,8 @@ class Decision(NamedTuple):
 class OnlineState(NamedTuple):
     """`OnlineRule`'s carry (see `_schedule.online_stores`)."""
 
-    # row 0: the stored positions in increasing order; row 1: the slot of each
-    held: Int[Array, "2 slots"]
+    # the stored positions in increasing order, and the slot of each
+    held: tuple[Int[Array, " slots"], Int[Array, " slots"]]
     # `bands[k] = C(k + r, k)` in the current regime `r`, clipped at `BAND_CAP`
     bands: Int[Array, " slots+1"]
     # the next regime's, `C(k + r + 1, k)`, as `_schedule.grown_bands` gives them
@@ -84,7 +84,7 @@ class OnlineRule:
         bands = [1] * (self.slots + 1)
         grown = jnp.asarray(grown_bands(bands), jnp.int32)
         return OnlineState(
-            jnp.stack([ramp, ramp]), jnp.asarray(bands, jnp.int32), grown
+            (ramp, ramp), jnp.asarray(bands, jnp.int32), grown
         )
 
     def first_stop(self, state: OnlineState) -> Int[Array, ""]:
@@ -101,7 +101,7 @@ class OnlineRule:
     def _merge(self, t: Int[Array, ""], state: OnlineState) -> Decision:
         """An event past the first `slots - 1`, which fill the free slots."""
         held, bands, grown = state
-        tail = held[0, -1]
+        tail = held[0][-1]
         # past the regime's last trip count, `C(slots + r + 1, slots) - 1` (the
         # last of the next regime's bands); a regime whose end is clipped is the
         # last (as in `online_stores`)
@@ -120,7 +120,7 @@ class OnlineRule:
             grown,
         )
         merged, slot = _merge(held, t, bands, grown)
-        held = jnp.where(due, merged, held)
+        held = tuple(jnp.where(due, m, h) for m, h in zip(merged, held))
         return Decision(due, slot, OnlineState(held, bands, grown), stop)
 
 
@@ -148,8 +148,8 @@ def _grown(b, k, r1):
 def _merge(held, t, bands, grown):
     """`held` after storing `x_t` in place of position `s`, chosen as
     `_schedule._merge_choice` does (`t` last, in the freed slot); and that slot."""
-    slots = held.shape[1]
     positions, order = held
+    slots = positions.shape[0]
     ext = jnp.concatenate([positions, t[None]])
     # the regime's targets (`_schedule.targets`) and how many lie before each of
     # `ext`: `positions[s]` stands in for one in `[ext[s], ext[s + 1])` and is kept
@@ -168,9 +168,13 @@ def _merge(held, t, bands, grown):
     pick = 1 + jnp.argmin(key).astype(jnp.int32)  # the first of the least
     slot = order[pick]
     # columns from `pick` on shift left by one, and `(t, slot)` comes last
-    shifted = jnp.concatenate([held[:, 1:], jnp.stack([t, slot])[:, None]], axis=1)
     cols = jnp.arange(slots, dtype=jnp.int32)
-    return jnp.where(cols < pick, held, shifted), slot
+
+    def shift(row, last):
+        shifted = jnp.concatenate([row[1:], last[None]])
+        return jnp.where(cols < pick, row, shifted)
+
+    return (shift(positions, t), shift(order, slot)), slot
 
 
 class TableRule:
@@ -216,13 +220,17 @@ def _table(slots: int, length: int, known_length: bool):
     return steps, slot_ids
 
 
-def store_rule(slots: int, max_steps: int | None, known_length: bool):
+def store_rule(
+    slots: int, max_steps: int | None, known_length: bool, in_order: bool = False
+):
     """The rule of a checkpointed forward sweep; `None` when every step is stored
-    (`slots >= max_steps`)."""
+    (`slots >= max_steps`). `in_order` (see `_cost_model.runs_in_order`): a loop
+    whose arrays are all small computes its rule rather than read a table, which
+    is one large array."""
     if max_steps is not None and slots >= max_steps:
         return None
     if known_length or slots <= 1:  # a scan; or only `x_0` is stored
         return TableRule(*_table(slots, max_steps or 0, known_length))
-    if max_steps is not None and max_steps <= TABLE_STEPS:
+    if max_steps is not None and max_steps <= TABLE_STEPS and not in_order:
         return TableRule(*_table(slots, max_steps, False))
     return OnlineRule(slots)

@@ -12,6 +12,7 @@ from boundedloop import _cost_model, _store_rules
 from boundedloop._checked_store import CheckedStore
 from boundedloop._jvp_primitive import custom_jvp_spec, loop_jvp, Passes, Primal
 from boundedloop._leaves import fill
+from boundedloop._cost_model import IN_ORDER_STEPS
 from boundedloop._recompute import split_rule
 from boundedloop._schedule import (
     _merge_choice,
@@ -183,7 +184,8 @@ def test_compiled_choice_matches_the_schedule_at_any_position(slots):
         grid = np.arange(1, top, max(top // 10**6, 1))
         points = np.sort(rng.choice(grid, slots, replace=False)).tolist()
         cases.append(([0, *points[:-1]], points[-1], bands, grown))
-    held = jnp.asarray([[h, list(range(slots))] for h, *_ in cases], jnp.int32)
+    positions = jnp.asarray([h for h, *_ in cases], jnp.int32)
+    held = (positions, jnp.broadcast_to(jnp.arange(slots, dtype=jnp.int32), positions.shape))
     t, bands, grown = (jnp.asarray([c[i] for c in cases], jnp.int32) for i in (1, 2, 3))
     _, slot = jax.jit(jax.vmap(_store_rules._merge))(held, t, bands, grown)
     want = [_merge_choice(h, t, b, targets(g)) for h, t, b, g in cases]
@@ -191,12 +193,16 @@ def test_compiled_choice_matches_the_schedule_at_any_position(slots):
 
 
 @pytest.mark.parametrize("slots", [2, 3, 8])
-def test_in_graph_split_matches_the_schedule(slots):
-    """The reverse sweep's compiled split equals `revolve_split` for every slot count
-    and lengths up to and beyond the planning horizon."""
-    split = jax.jit(jax.vmap(split_rule(slots, 2**14), in_axes=(0, None)))
+@pytest.mark.parametrize("in_order", [False, True])
+def test_in_graph_split_matches_the_schedule(slots, in_order):
+    """The reverse sweep's compiled split, from its table or by its loop, equals
+    `revolve_split` for every slot count and lengths up to and beyond the table's
+    planning horizon (the loop's goes to `IN_ORDER_STEPS`)."""
+    split = split_rule(slots, 2**14, in_order)
+    split = jax.jit(jax.vmap(split, in_axes=(0, None)))
+    top = IN_ORDER_STEPS if in_order else 2**15
     lengths = np.concatenate(
-        [np.arange(0, 600), np.random.default_rng(0).integers(600, 2**15, 300)]
+        [np.arange(0, 600), np.random.default_rng(0).integers(600, top + 1, 300)]
     )
     for k in range(1, slots + 1):
         got = np.asarray(split(jnp.asarray(lengths, jnp.int32), jnp.int32(k)))
