@@ -85,7 +85,8 @@ def _split_in_order(slots: int, length, k):
         return r, binomial * (k + r) // r, binomial
 
     one = jnp.array(1, jnp.int32)
-    r, _, before = lax.while_loop(below, grow, (jnp.array(0, jnp.int32), one, one))
+    init = (jnp.array(0, jnp.int32), one, one)
+    r, _, before = varying_while_loop(below, grow, init)
     # `before = C(k + r - 1, k)`, and `C(k - 1 + r - 1, k - 1)` is it times `k / (k +
     # r - 1)`: the table's `table[k, r - 1]` and `table[k - 1, r - 1]`
     fewer = before * k // jnp.maximum(k + r - 1, 1)

@@ -145,6 +145,9 @@ def _grown(b, k, r1):
     return jnp.minimum(b, BAND_CAP - more) + more
 
 
+COMPARE_ALL = 128
+
+
 def _merge(held, t, bands, grown):
     """`held` after storing `x_t` in place of position `s`, chosen as
     `_schedule._merge_choice` does (`t` last, in the freed slot); and that slot."""
@@ -155,8 +158,12 @@ def _merge(held, t, bands, grown):
     # `ext`: `positions[s]` stands in for one in `[ext[s], ext[s + 1])` and is kept
     goal = grown[slots] - grown[slots - 1 : 0 : -1]  # increasing
     # a binary search unrolled (no loop), `slots * log2(slots)` comparisons: a
-    # comparison of every pair would take `slots**2` of them (and memory)
-    before = jnp.searchsorted(goal, ext, side="left", method="scan_unrolled")
+    # comparison of every pair would take `slots**2` of them (and memory). Up to
+    # `COMPARE_ALL` slots every pair is compared: the search over one target
+    # (`slots = 2`) lowers to a one-step loop from a known counter, which no loop
+    # of ours may have (see `_shard_map.opaque_counters`)
+    method = "compare_all" if slots <= COMPARE_ALL else "scan_unrolled"
+    before = jnp.searchsorted(goal, ext, side="left", method=method)
     before = before.astype(jnp.int32)
     kept = before[2:] > before[1:-1]
     # dropping positions[s] (s = 1 .. slots - 1) merges [ext[s - 1], ext[s + 1]),
