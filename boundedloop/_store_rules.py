@@ -145,7 +145,7 @@ def _grown(b, k, r1):
     return jnp.minimum(b, BAND_CAP - more) + more
 
 
-COMPARE_ALL = 128
+COMPARE_ALL = 8
 
 
 def _merge(held, t, bands, grown):
@@ -158,10 +158,11 @@ def _merge(held, t, bands, grown):
     # `ext`: `positions[s]` stands in for one in `[ext[s], ext[s + 1])` and is kept
     goal = grown[slots] - grown[slots - 1 : 0 : -1]  # increasing
     # a binary search unrolled (no loop), `slots * log2(slots)` comparisons: a
-    # comparison of every pair would take `slots**2` of them (and memory). Up to
-    # `COMPARE_ALL` slots every pair is compared: the search over one target
-    # (`slots = 2`) lowers to a one-step loop from a known counter, which no loop
-    # of ours may have (see `_shard_map.opaque_counters`)
+    # comparison of every pair would take `slots**2` of them (and memory; at 64
+    # slots that array made a CPU run the loop's body as a task graph, 3.3x
+    # slower on a one-number state). Up to `COMPARE_ALL` slots every pair is
+    # compared: the search over one target (`slots = 2`) lowers to a one-step loop
+    # from a known counter, which no loop of ours may have (`opaque_counters`)
     method = "compare_all" if slots <= COMPARE_ALL else "scan_unrolled"
     before = jnp.searchsorted(goal, ext, side="left", method=method)
     before = before.astype(jnp.int32)
