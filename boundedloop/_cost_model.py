@@ -95,7 +95,7 @@ def is_cheap(body) -> bool:
 # in order on the calling thread when none touches more than this many bytes. On a
 # 100-step Tsit5 gradient of one number, a thread hand-off per iteration made ours
 # 1.33 times RCA's time, whose loops stay under it; every array kept under it,
-# 0.74 times (`benchmarks/results/small_solve_checkpoints.txt`)
+# 0.68 times (`benchmarks/results/small_solves.txt`)
 IN_ORDER_BYTES = 512
 # the loop form of the recomputation's split is exact in int32 for segments up to
 # this long (`_recompute.split_rule`)
