@@ -1,7 +1,7 @@
 """Does a change alter what reaches XLA? The lowered programs of a set of transforms
 of our loops, in this tree and at a git revision, compared by hash.
 
-    python benchmarks/same_programs.py REV [--out FILE]
+    python benchmarks/same_programs.py REV [--off-cpu] [--out FILE]
 
 Where every program is byte-identical, the two trees hand XLA the same programs, so
 a result measured on a device at `REV` (a TPU's suite run, say) holds for this tree
@@ -12,6 +12,11 @@ loop nested in a loop; `bl.scan`; and diffrax's and optimistix's gradients throu
 our adjoints. Each tree runs in a process of its own (`PYTHONPATH` set to a git
 worktree for `REV`). Prints one line a program and the count that differ; the
 results file (default `benchmarks/results/same_programs.txt`) holds the lines.
+
+The programs are lowered on the host CPU. The one choice of ours that depends on the
+backend is `_cost_model.runs_in_order` (a CPU's loops of small arrays); with
+`--off-cpu` it is made as off a CPU, so that the programs are those a TPU would get
+(results default `benchmarks/results/same_programs_off_cpu.txt`).
 """
 
 import argparse
@@ -34,7 +39,12 @@ def programs() -> dict:
     import optimistix as optx
 
     import boundedloop as bl
+    from boundedloop import _cost_model
     from boundedloop.diffrax import CheckpointedAdjoint
+
+    if os.environ.get("SAME_PROGRAMS_OFF_CPU"):
+        # as `runs_in_order` decides on another backend (trees before it lack it)
+        _cost_model.runs_in_order = lambda *args: False
     from boundedloop.optimistix import CheckpointedAdjoint as SolveAdjoint
 
     w = jnp.array([[0.9, -0.4, 0.3], [0.2, 0.8, -0.5], [-0.3, 0.1, 0.7]])
@@ -84,9 +94,7 @@ def programs() -> dict:
             )
             return inner[0], j + 1
 
-        out = bl.while_loop(
-            lambda c: c[1] < 3, outer, (x, jnp.array(0)), max_steps=4
-        )
+        out = bl.while_loop(lambda c: c[1] < 3, outer, (x, jnp.array(0)), max_steps=4)
         return jnp.sum(out[0])
 
     found["grad nested"] = jax.jit(jax.grad(nested)).lower(w)
@@ -128,10 +136,12 @@ def programs() -> dict:
     return found
 
 
-def hashes(path: pathlib.Path) -> dict:
+def hashes(path: pathlib.Path, off_cpu: bool) -> dict:
     """Each program's hash and line count, for the tree at `path`, from a process
     that imports it."""
     env = dict(os.environ, PYTHONPATH=str(path), JAX_PLATFORMS="cpu")
+    if off_cpu:
+        env["SAME_PROGRAMS_OFF_CPU"] = "1"
     child = subprocess.run(
         [sys.executable, __file__, "--print"],
         env=env,
@@ -147,8 +157,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("rev", nargs="?")
     parser.add_argument("--print", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/same_programs.txt"))
+    parser.add_argument("--off-cpu", action="store_true")
+    parser.add_argument("--out")
     args = parser.parse_args()
+    suffix = "_off_cpu" if args.off_cpu else ""
+    out = args.out or ROOT / f"benchmarks/results/same_programs{suffix}.txt"
     if args.print:
         for name, lowered in programs().items():
             text = lowered.as_text()
@@ -158,24 +171,45 @@ def main():
     with tempfile.TemporaryDirectory() as where:
         worktree = pathlib.Path(where) / "tree"
         subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(worktree), args.rev],
+            [
+                "git",
+                "-C",
+                str(ROOT),
+                "worktree",
+                "add",
+                "--detach",
+                str(worktree),
+                args.rev,
+            ],
             check=True,
             capture_output=True,
         )
         try:
-            theirs = hashes(worktree)
+            theirs = hashes(worktree, args.off_cpu)
         finally:
             subprocess.run(
-                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)],
+                [
+                    "git",
+                    "-C",
+                    str(ROOT),
+                    "worktree",
+                    "remove",
+                    "--force",
+                    str(worktree),
+                ],
                 capture_output=True,
             )
-    ours = hashes(ROOT)
+    ours = hashes(ROOT, args.off_cpu)
     head = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
         capture_output=True,
         text=True,
     ).stdout.strip()
-    lines = [f"# lowered programs, this tree ({head}, with its uncommitted changes) against {args.rev}"]
+    how = " as off a CPU" if args.off_cpu else ""
+    lines = [
+        f"# lowered programs{how}, this tree ({head}, with its uncommitted changes) "
+        f"against {args.rev}"
+    ]
     differ = 0
     for name in ours:
         same = ours[name] == theirs.get(name)
@@ -183,7 +217,7 @@ def main():
         lines.append(f"{'same   ' if same else 'DIFFER '} {ours[name]:>20s} {name}")
     lines.append(f"{differ} of {len(ours)} differ")
     print("\n".join(lines))
-    pathlib.Path(args.out).write_text("\n".join(lines) + "\n")
+    pathlib.Path(out).write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
