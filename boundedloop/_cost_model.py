@@ -112,7 +112,9 @@ def _largest(jaxpr) -> int:
         if hasattr(getattr(v, "aval", None), "shape")
     ]
     inner = [
-        _largest(j) for e in jaxpr.eqns for j in jax.extend.core.jaxprs_in_params(e.params)
+        _largest(j)
+        for e in jaxpr.eqns
+        for j in jax.extend.core.jaxprs_in_params(e.params)
     ]
     return max(sizes + inner, default=0)
 

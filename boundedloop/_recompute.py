@@ -148,7 +148,10 @@ def make_sweep(
             config.checkpoints,
             SPLIT_LENGTH,
             _cost_model.runs_in_order(
-                step.body, config.checkpoints, config.max_steps, (tape.storage, tape.bufs)
+                step.body,
+                config.checkpoints,
+                config.max_steps,
+                (tape.storage, tape.bufs),
             ),
         ),
         _cost_model.is_cheap(step.body),

@@ -83,9 +83,7 @@ class OnlineRule:
         ramp = jnp.arange(self.slots, dtype=jnp.int32)
         bands = [1] * (self.slots + 1)
         grown = jnp.asarray(grown_bands(bands), jnp.int32)
-        return OnlineState(
-            (ramp, ramp), jnp.asarray(bands, jnp.int32), grown
-        )
+        return OnlineState((ramp, ramp), jnp.asarray(bands, jnp.int32), grown)
 
     def first_stop(self, state: OnlineState) -> Int[Array, ""]:
         return jnp.array(1, jnp.int32)

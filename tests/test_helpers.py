@@ -22,4 +22,6 @@ def test_the_accelerator_floor_is_relative_to_the_arrays_largest_element():
         assert tree_allclose(ON_TPU, ON_HOST)  # 3.9e-4 of the largest element
         assert not tree_allclose(ON_TPU * 1.01, ON_HOST)  # 1% off everywhere
         wrong = ON_TPU + np.array([0.0, 0.002, 0.0], np.float32)
-        assert not tree_allclose(wrong, ON_HOST)  # one element off by 5e-3 of the largest
+        assert not tree_allclose(
+            wrong, ON_HOST
+        )  # one element off by 5e-3 of the largest

@@ -10,9 +10,9 @@ from jax import lax
 import boundedloop as bl
 from boundedloop import _cost_model, _store_rules
 from boundedloop._checked_store import CheckedStore
+from boundedloop._cost_model import IN_ORDER_STEPS
 from boundedloop._jvp_primitive import custom_jvp_spec, loop_jvp, Passes, Primal
 from boundedloop._leaves import fill
-from boundedloop._cost_model import IN_ORDER_STEPS
 from boundedloop._recompute import split_rule
 from boundedloop._schedule import (
     _merge_choice,
@@ -185,7 +185,10 @@ def test_compiled_choice_matches_the_schedule_at_any_position(slots):
         points = np.sort(rng.choice(grid, slots, replace=False)).tolist()
         cases.append(([0, *points[:-1]], points[-1], bands, grown))
     positions = jnp.asarray([h for h, *_ in cases], jnp.int32)
-    held = (positions, jnp.broadcast_to(jnp.arange(slots, dtype=jnp.int32), positions.shape))
+    held = (
+        positions,
+        jnp.broadcast_to(jnp.arange(slots, dtype=jnp.int32), positions.shape),
+    )
     t, bands, grown = (jnp.asarray([c[i] for c in cases], jnp.int32) for i in (1, 2, 3))
     _, slot = jax.jit(jax.vmap(_store_rules._merge))(held, t, bands, grown)
     want = [_merge_choice(h, t, b, targets(g)) for h, t, b, g in cases]
