@@ -143,6 +143,7 @@ def _grown(b, k, r1):
     return jnp.minimum(b, BAND_CAP - more) + more
 
 
+# up to this many slots the online rule's search compares every pair (see `_merge`)
 COMPARE_ALL = 8
 
 

@@ -1,6 +1,7 @@
 """Shared references for the tests."""
 
 import functools
+import math
 import re
 
 import jax
@@ -281,3 +282,45 @@ def counters_known_to_xla(lowered) -> tuple[int, list[str]]:
             if is_known(x):
                 found.append(f"loop {n}, operand {k}: {x.type}")
     return len(loops), found
+
+
+def largest_array_in_loops(lowered) -> int:
+    """The bytes of the largest array that an operation inside a `stablehlo.while`
+    loop of a lowered program takes or makes (following calls made inside loops).
+    XLA's CPU runtime runs a loop body's operations in order on one thread only
+    while none touches more than 512 bytes (`_cost_model.IN_ORDER_BYTES`)."""
+    from jax._src.lib.mlir import ir
+
+    module = lowered.compiler_ir("stablehlo")
+    functions = {
+        ir.StringAttr(op.attributes["sym_name"]).value: op
+        for op in module.body.operations
+        if op.operation.name == "func.func"
+    }
+    sizes, seen = [0], set()
+
+    def nbytes(value) -> int:
+        try:
+            t = ir.RankedTensorType(value.type)
+        except (TypeError, ValueError):  # a token, a tuple: not an array
+            return 0
+        width = getattr(t.element_type, "width", 8)  # an integer's or float's bits
+        return math.prod(t.shape) * max(width // 8, 1)
+
+    def walk(op, in_loop: bool):
+        in_loop = in_loop or op.name == "stablehlo.while"
+        if in_loop:
+            sizes.extend(nbytes(v) for v in (*op.operands, *op.results))
+            if op.name == "func.call":
+                callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+                if callee not in seen:
+                    seen.add(callee)
+                    walk(functions[callee].operation, True)
+        for region in op.regions:
+            for block in region.blocks:
+                for inner in block.operations:
+                    walk(inner, in_loop)
+
+    for op in module.body.operations:
+        walk(op.operation, False)
+    return max(sizes)

@@ -10,7 +10,7 @@ from jax import lax
 import boundedloop as bl
 from boundedloop import _cost_model, _store_rules
 from boundedloop._checked_store import CheckedStore
-from boundedloop._cost_model import IN_ORDER_STEPS
+from boundedloop._cost_model import IN_ORDER_BYTES, IN_ORDER_STEPS
 from boundedloop._jvp_primitive import custom_jvp_spec, loop_jvp, Passes, Primal
 from boundedloop._leaves import fill
 from boundedloop._recompute import split_rule
@@ -29,7 +29,7 @@ from boundedloop._schedule import (
 from boundedloop._store_rules import OnlineRule, TABLE_STEPS
 from boundedloop._trace import trace_loop
 
-from .helpers import Counter, on_host, tree_allclose
+from .helpers import Counter, largest_array_in_loops, on_host, tree_allclose
 
 
 def recorded_gradient(n, max_steps, checkpoints):
@@ -481,3 +481,34 @@ def test_a_custom_jvp_spec_states_its_primal_whole():
         loop_jvp([jnp.float32(1.0)], [], spec)
     with pytest.raises(TypeError):
         Primal(lambda p: p, tangent_inputs=(0,))  # the outputs' part is not optional
+
+
+def _one_number_gradient(width: int):
+    """The lowered gradient of a 200-step loop on `width` numbers, `max_steps=4096`,
+    90 checkpoints (equinox's default for that bound)."""
+
+    def loss(a):
+        def body(carry):
+            x, i = carry
+            return jnp.sin(x) * a + 0.01, i + 1
+
+        init = (jnp.full((width,), 0.5), jnp.array(0))
+        out = bl.while_loop(
+            lambda c: c[1] < 200, body, init, max_steps=4096, checkpoints=90
+        )
+        return jnp.sum(out[0])
+
+    return jax.jit(jax.grad(loss)).lower(jnp.array(0.9))
+
+
+@pytest.mark.skipif(
+    jax.default_backend() != "cpu",
+    reason="loops are kept in order for XLA's CPU runtime only (_cost_model)",
+)
+def test_small_loops_keep_every_array_in_order():
+    """On a CPU, a differentiated loop whose arrays can all stay within
+    `IN_ORDER_BYTES` keeps them so in every loop of its gradient (XLA's CPU runtime
+    then runs each loop body in order on one thread); with 4 numbers a row per
+    checkpoint alone is past it, and the storage is packed and tabled as before."""
+    assert largest_array_in_loops(_one_number_gradient(1)) <= IN_ORDER_BYTES
+    assert largest_array_in_loops(_one_number_gradient(4)) > IN_ORDER_BYTES
