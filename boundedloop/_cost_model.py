@@ -121,7 +121,9 @@ def _largest(jaxpr) -> int:
 
 def runs_in_order(body, slots: int, max_steps: int | None, arrays) -> bool:
     """Whether a differentiated loop's sweeps keep every array within
-    `IN_ORDER_BYTES` (on a CPU; elsewhere `False`).
+    `IN_ORDER_BYTES` (on a CPU; elsewhere `False`). The backend is JAX's default
+    when the loop is traced: a program traced on a CPU host and lowered for another
+    platform (`jax.export`) gets the CPU's choice, which changes only its speed.
 
     **Arguments:**
 
