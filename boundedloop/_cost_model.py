@@ -106,10 +106,9 @@ def _largest(jaxpr) -> int:
     """The bytes of the largest array `jaxpr` (and any jaxpr inside it) names."""
     variables = [*jaxpr.constvars, *jaxpr.invars, *jaxpr.outvars]
     variables += [v for e in jaxpr.eqns for v in (*e.invars, *e.outvars)]
+    # (a token has no dtype, and no size)
     sizes = [
-        math.prod(v.aval.shape) * v.aval.dtype.itemsize
-        for v in variables
-        if hasattr(getattr(v, "aval", None), "shape")
+        _size(v) * v.aval.dtype.itemsize for v in variables if hasattr(v.aval, "dtype")
     ]
     inner = [
         _largest(j)

@@ -3,7 +3,7 @@ next step to reverse, storing the checkpoints the binomial schedule places on th
 
 Once the forward sweep has ended the trip count is known, so each segment between
 stored checkpoints is split offline-optimally (Griewank and Walther's binomial
-schedule, `_schedule.revolve_split`, here in-graph from a table: `split_rule`). The
+schedule, `_schedule.revolve_split`, here in-graph: `split_rule`). The
 recomputation is tight loops of forward steps between store events, so the
 schedule's arithmetic runs once per stored checkpoint.
 
