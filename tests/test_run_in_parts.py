@@ -47,7 +47,7 @@ def test_a_part_cut_off_resumes_where_it_stopped(tmp_path):
     (tmp_path / "test_tiny.py").write_text(SUITE)
     (tmp_path / "hold").touch()
     first = _part(tmp_path, 6)
-    assert first.returncode == 2, first.stdout[-2000:]  # tests left
+    _assert_cut(first, tmp_path)
     state = json.loads((tmp_path / "state.json").read_text())
     assert len(state["tests"]) == 3
     assert list(state["outcomes"].values()) == ["PASSED"]  # the held one was cut
@@ -68,6 +68,31 @@ try:
 except KeyboardInterrupt:
     pass  # as a plugin's import might
 """
+
+
+def _assert_cut(part, tmp_path):
+    """`part` ran `test_passes` and was cut off during `test_held`."""
+    assert part.returncode == 2, part.stdout[-2000:]  # tests left
+    outcomes = json.loads((tmp_path / "state.json").read_text())["outcomes"]
+    assert outcomes == {"test_tiny.py::test_passes": "PASSED"}
+
+
+DIES_ON_ITS_WAY_OUT = """
+import atexit, os, signal
+
+def pytest_keyboard_interrupt(excinfo):  # killed in its exit handlers
+    atexit.register(lambda: os.kill(os.getpid(), signal.SIGKILL))
+"""
+
+
+def test_a_test_cut_off_is_not_a_crash_however_the_process_ends(tmp_path):
+    """On a TPU, a part's pytest stopped by the interrupt then died in JAX's exit
+    handlers (a second interrupt while the runtime shut down), and the test it cut
+    was recorded as CRASHED. A test our interrupt cut is run again next part."""
+    (tmp_path / "test_tiny.py").write_text(SUITE)
+    (tmp_path / "conftest.py").write_text(DIES_ON_ITS_WAY_OUT)
+    (tmp_path / "hold").touch()
+    _assert_cut(_part(tmp_path, 6), tmp_path)
 
 
 def test_an_interrupt_during_start_up_is_not_lost(tmp_path):
