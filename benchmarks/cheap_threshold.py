@@ -3,6 +3,7 @@
 forced off (`_cost_model.is_cheap`), side by side in one process.
 
     python benchmarks/cheap_threshold.py [--rounds 15] [--out FILE] > benchmarks/results/cheap_threshold.txt
+    python benchmarks/cheap_threshold.py --loop-steps [--out FILE] > benchmarks/results/cheap_threshold_loop_steps.txt
 
 A state of shape (batch, width), `max_steps=4096`, 16 checkpoints, `n` steps (a
 traced counter), gradient with respect to `W`. Reported per size: the work per step
@@ -10,6 +11,15 @@ traced counter), gradient with respect to `W`. Reported per size: the work per s
 of interleaved rounds after warm-up) and XLA compile time (median of 3) with each
 structure, and the while loops each compiled program has. `HEAVY_WORK` in
 `boundedloop/_cost_model.py` is chosen from these figures.
+
+`--loop-steps`: steps that run a loop of their own, under `is_cheap`'s rule before
+session 35 ("nested": many light equations are cheap, loop or not) and today's
+("rule": not when a loop runs among them), side by side: diffrax's `Tsit5` on `y' =
+-a0 y + a1` at a constant step (gradient time) and with a PID controller (gradient
+time and XLA compile, `small_solves.py`'s compile workload), `Kvaerno5` with a PID
+controller, and a few equations around a `fori_loop` of 2 and 7 iterations (cheap
+under both rules: the control). Every compile is of a fresh trace
+(`jax.clear_caches()`: diffrax's solve is itself jitted, and would be reused).
 """
 
 import argparse
@@ -17,9 +27,12 @@ import random
 import statistics
 import time
 
+import diffrax
 import jax
 import jax.numpy as jnp
-from _common import write_results
+from _common import interleaved_medians, write_results
+from jax import lax
+from small_solves import field
 
 import boundedloop as bl
 from boundedloop import _cost_model
@@ -62,11 +75,138 @@ def compiled(nested: bool, batch: int, width: int, n: int):
     return exe, (w, x, n), time.perf_counter() - t0
 
 
+def rule_before(body) -> bool:
+    """`is_cheap` before session 35: a loop among many light equations counted."""
+    n, total = _cost_model.equations(body.jaxpr), _cost_model.work(body.jaxpr)
+    light = total <= _cost_model.LIGHT_WORK * n
+    return total < _cost_model.HEAVY_WORK and (n <= _cost_model.SMALL_BODY or light)
+
+
+LOOP_RULES = {"nested": rule_before, "rule": _cost_model.is_cheap}
+
+
+def diffrax_loss(solver, steps, size, pid):
+    y0 = jnp.linspace(0.5, 1.5, size)
+    if pid:
+        dt0, t1 = 0.1, 3.0
+        controller = diffrax.PIDController(rtol=1e-5, atol=1e-5)
+    else:
+        dt0, t1, controller = 1e-3, steps * 1e-3, diffrax.ConstantStepSize()
+
+    def loss(a):
+        term = diffrax.ODETerm(field)
+        ys = diffrax.diffeqsolve(
+            term,
+            solver(),
+            0.0,
+            t1,
+            dt0,
+            y0,
+            args=a,
+            stepsize_controller=controller,
+            saveat=diffrax.SaveAt(t1=True),
+            max_steps=4096,
+            adjoint=bl.diffrax.CheckpointedAdjoint(),
+        ).ys
+        return jnp.sum(ys**2)
+
+    return loss, (jnp.array([0.7, 0.3]),)
+
+
+def inner_loop_loss(iterations, n=1000, width=32):
+    w = jax.random.normal(jax.random.key(0), (width, width)) / 6
+
+    def loss(w, x0):
+        def body(c):
+            def inner(_, x):
+                return x + 0.01 / iterations * jnp.tanh(w @ x)
+
+            return lax.fori_loop(0, iterations, inner, c[0]), c[1] + 1
+
+        final = bl.while_loop(
+            lambda c: c[1] < n, body, (x0, 0), max_steps=n, checkpoints=16
+        )
+        return jnp.sum(final[0] ** 2)
+
+    return loss, (w, jnp.ones(width))
+
+
+LOOP_WORKLOADS = {
+    "Tsit5, 1000 constant steps, state 4": lambda: diffrax_loss(
+        diffrax.Tsit5, 1000, 4, False
+    ),
+    "Tsit5, 3000 constant steps, state 4": lambda: diffrax_loss(
+        diffrax.Tsit5, 3000, 4, False
+    ),
+    "Tsit5, 1000 constant steps, state 64": lambda: diffrax_loss(
+        diffrax.Tsit5, 1000, 64, False
+    ),
+    "Tsit5, PID, state 4": lambda: diffrax_loss(diffrax.Tsit5, 0, 4, True),
+    "Kvaerno5, PID, state 4": lambda: diffrax_loss(diffrax.Kvaerno5, 0, 4, True),
+    "fori_loop of 2 in the step, width 32": lambda: inner_loop_loss(2),
+    "fori_loop of 7 in the step, width 32": lambda: inner_loop_loss(7),
+}
+
+
+def loop_steps(rounds: int, compiles: int = 3) -> list:
+    """Each `LOOP_WORKLOADS` gradient under each of `LOOP_RULES`."""
+    rows = []
+    for label, make in LOOP_WORKLOADS.items():
+        exes, compile_s, whiles = {}, {k: [] for k in LOOP_RULES}, {}
+        for _ in range(compiles):
+            for name, rule in LOOP_RULES.items():
+                jax.clear_caches()
+                loss, fn_args = make()
+                original, _cost_model.is_cheap = _cost_model.is_cheap, rule
+                try:
+                    lowered = jax.jit(jax.grad(loss)).lower(*fn_args)
+                finally:
+                    _cost_model.is_cheap = original
+                t0 = time.perf_counter()
+                exe = lowered.compile()
+                compile_s[name].append(time.perf_counter() - t0)
+                exes[name], whiles[name] = exe, exe.as_text().count(" while(")
+        for exe in exes.values():  # warm-up
+            jax.block_until_ready(exe(*fn_args))
+        med = interleaved_medians(exes, {k: fn_args for k in exes}, rounds)
+        row = {"workload": label}
+        for name in LOOP_RULES:
+            row[f"{name}_grad_ms"] = 1e3 * med[name]
+            row[f"{name}_compile_s"] = statistics.median(compile_s[name])
+            row[f"{name}_whiles"] = whiles[name]
+        row["rule_over_nested"] = med["rule"] / med["nested"]
+        rows.append(row)
+        print(row, flush=True)
+    print(
+        f"\nGradients; medians of {rounds} interleaved rounds after warm-up; XLA "
+        f"compile: median of {compiles} fresh traces.\n"
+    )
+    print(
+        "| step | nested ms | rule ms | rule / nested | nested compile s "
+        "| rule compile s | while loops |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        print(
+            f"| {r['workload']} | {r['nested_grad_ms']:.2f} | {r['rule_grad_ms']:.2f} "
+            f"| {r['rule_over_nested']:.3f} | {r['nested_compile_s']:.3f} "
+            f"| {r['rule_compile_s']:.3f} | {r['nested_whiles']} / {r['rule_whiles']} |"
+        )
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--out", default="benchmarks/results/cheap_threshold.json")
+    parser.add_argument("--loop-steps", action="store_true")
+    parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if args.loop_steps:
+        rows = loop_steps(args.rounds)
+        out = args.out or "benchmarks/results/cheap_threshold_loop_steps.json"
+        write_results(out, rounds=args.rounds, rows=rows)
+        return
+    args.out = args.out or "benchmarks/results/cheap_threshold.json"
     rows = []
     for batch, width, n in SIZES:
         exes, compile_s = {}, {k: [] for k in STRUCTURES}
