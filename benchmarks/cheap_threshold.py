@@ -12,9 +12,9 @@ of interleaved rounds after warm-up) and XLA compile time (median of 3) with eac
 structure, and the while loops each compiled program has. `HEAVY_WORK` in
 `boundedloop/_cost_model.py` is chosen from these figures.
 
-`--loop-steps`: steps that run a loop of their own, under `is_cheap`'s rule before
-session 35 ("nested": many light equations are cheap, loop or not) and today's
-("rule": not when a loop runs among them), side by side: diffrax's `Tsit5` on `y' =
+`--loop-steps`: steps that run a loop of their own, under `is_cheap` ("nested": many
+light equations are cheap, loop or not) and a candidate rule that session 35
+measured and did not land ("rule": not when a loop runs among them), side by side: diffrax's `Tsit5` on `y' =
 -a0 y + a1` at a constant step (gradient time) and with a PID controller (gradient
 time and XLA compile, `small_solves.py`'s compile workload), `Kvaerno5` with a PID
 controller, and a few equations around a `fori_loop` of 2 and 7 iterations (cheap
@@ -29,6 +29,7 @@ import time
 
 import diffrax
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 from _common import interleaved_medians, write_results
 from jax import lax
@@ -75,14 +76,28 @@ def compiled(nested: bool, batch: int, width: int, n: int):
     return exe, (w, x, n), time.perf_counter() - t0
 
 
-def rule_before(body) -> bool:
-    """`is_cheap` before session 35: a loop among many light equations counted."""
-    n, total = _cost_model.equations(body.jaxpr), _cost_model.work(body.jaxpr)
-    light = total <= _cost_model.LIGHT_WORK * n
-    return total < _cost_model.HEAVY_WORK and (n <= _cost_model.SMALL_BODY or light)
+LOOPS = {"while", "scan", "boundedloop_loop_jvp", "boundedloop_loop_tangent"}
 
 
-LOOP_RULES = {"nested": rule_before, "rule": _cost_model.is_cheap}
+def has_loop(jaxpr) -> bool:
+    """Whether `jaxpr` (or a jaxpr inside it) runs a loop, ours included."""
+    return any(
+        e.primitive.name in LOOPS
+        or any(map(has_loop, jax.extend.core.jaxprs_in_params(e.params)))
+        for e in jaxpr.eqns
+    )
+
+
+def unless_loop(body) -> bool:
+    """The candidate rule: as `is_cheap`, but many light equations are not cheap
+    when a loop runs among them (a diffrax step's stages)."""
+    n = _cost_model.equations(body.jaxpr)
+    if n <= _cost_model.SMALL_BODY:
+        return _cost_model.is_cheap(body)
+    return _cost_model.is_cheap(body) and not has_loop(body.jaxpr)
+
+
+LOOP_RULES = {"nested": _cost_model.is_cheap, "rule": unless_loop}
 
 
 def diffrax_loss(solver, steps, size, pid):

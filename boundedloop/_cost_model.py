@@ -83,31 +83,12 @@ def work(jaxpr) -> int:
     return total
 
 
-# loops, ours included: a step of many light equations that runs one costs more
-# than its equations say (each iteration about what a sweep's control does a step)
-LOOPS = {"while", "scan", "boundedloop_loop_jvp", "boundedloop_loop_tangent"}
-
-
-def has_loop(jaxpr) -> bool:
-    """Whether `jaxpr` (or a jaxpr inside it) runs a loop."""
-    return any(
-        e.primitive.name in LOOPS
-        or any(map(has_loop, jax.extend.core.jaxprs_in_params(e.params)))
-        for e in jaxpr.eqns
-    )
-
-
 def is_cheap(body) -> bool:
     """Whether the traced (closure-converted) `body`'s steps are cheap: less than
-    `HEAVY_WORK` in all, and at most `SMALL_BODY` equations, or at most `LIGHT_WORK`
-    elements per equation with no loop among them. (A diffrax step is many light
-    equations and a loop over its stages: on a CPU its gradient took 0.97 to 1.00
-    times as long without the nested sweeps, and 0.85 times the XLA compile; a few
-    equations around a short loop, 0.8 to 0.9 times as long with them:
-    `benchmarks/results/cheap_threshold.txt`.)"""
+    `HEAVY_WORK` in all, and at most `SMALL_BODY` equations or at most `LIGHT_WORK`
+    elements per equation."""
     n, total = equations(body.jaxpr), work(body.jaxpr)
-    light = total <= LIGHT_WORK * n and not has_loop(body.jaxpr)
-    return total < HEAVY_WORK and (n <= SMALL_BODY or light)
+    return total < HEAVY_WORK and (n <= SMALL_BODY or total <= LIGHT_WORK * n)
 
 
 # XLA's CPU runtime (`ThunkExecutor` in jaxlib 0.10) runs a loop body's operations
