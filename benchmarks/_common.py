@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from boundedloop import _schedule
+
 
 def nested_scan_loop(cond_fun, body_fun, init, max_steps, base=2):
     """The common workaround: nested `lax.scan` + `lax.cond`, bounded by `max_steps`
@@ -177,3 +179,14 @@ def euler_step(w, b, counter=None):
         return x + EULER_DT * jnp.tanh(w @ x + b), i + 1
 
     return body
+
+
+def clear_caches():
+    """Forget every trace and compile, JAX's (jitted functions inside the one
+    measured, such as diffrax's `diffeqsolve`, included) and our schedule's tables:
+    the next compile costs what a fresh process's would."""
+    for name in dir(_schedule):
+        fn = getattr(_schedule, name)
+        if hasattr(fn, "cache_clear"):
+            fn.cache_clear()
+    jax.clear_caches()

@@ -23,9 +23,9 @@ import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _common import clear_caches
 
 import boundedloop as bl
-from boundedloop import _schedule
 
 
 WIDTH = 32
@@ -57,14 +57,6 @@ def make(kind, checkpoints, max_steps):
         return jnp.sum(out[0] ** 2)
 
     return jax.grad(loss, argnums=(0, 1, 2))
-
-
-def clear_caches():
-    for name in dir(_schedule):
-        fn = getattr(_schedule, name)
-        if hasattr(fn, "cache_clear"):
-            fn.cache_clear()
-    jax.clear_caches()
 
 
 def measure(kind, checkpoints, max_steps, args):

@@ -7,7 +7,8 @@
 - **Compile** (item 3): trace + lower and XLA compile of `jax.jit` of a forward-only
   solve and of its gradient, `Tsit5` (explicit, PID controller) and `Kvaerno5`
   (implicit: step loop, stage loop, Newton loop), on `y' = -a0 y + a1` with a state
-  of 4, `t` in [0, 3]. Each compile is of a fresh function (no cache), the two
+  of 4, `t` in [0, 3]. Each compile is from cleared caches (`_common.clear_caches`:
+  diffrax's own jitted solve would otherwise be reused), the two
   adjoints alternating; medians of `--compiles`.
 - **Fixed cost per step** (item 4): `jax.jit(jax.grad(...))` of a 100-step,
   constant-step `Tsit5` solve of the same field on states of 1, 2, 4 and 64
@@ -30,7 +31,7 @@ import time
 import diffrax
 import jax
 import jax.numpy as jnp
-from _common import interleaved_medians, write_results
+from _common import clear_caches, interleaved_medians, write_results
 from _format import load, page, seconds, table
 
 from boundedloop.diffrax import CheckpointedAdjoint
@@ -80,6 +81,7 @@ def make(name, solver_cls, grad, constant_steps=False):
 
 
 def compile_seconds(fn, *args):
+    clear_caches()
     t0 = time.perf_counter()
     lowered = jax.jit(fn).lower(*args)
     t1 = time.perf_counter()
