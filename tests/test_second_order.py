@@ -101,8 +101,9 @@ TRANSFORMS = {
 
 # (checkpoints, max_steps): fewer checkpoints than steps, every step stored, and a
 # bound below the trip count; each run at trip limits inside, at zero and past the
-# bound. The default run takes four transforms on the first; `-m slow` the whole
-# grid.
+# bound. The default run takes five transforms on the first (`grad_linearize`, the
+# derivative of a linearized loop at its point, is the default run's only test of
+# `loop_tangent`'s JVP rule); `-m slow` the whole grid.
 CONFIGS = [(3, 12), (None, 8), (2, 6)]
 LIMITS = [7, 0, 15]
 GRID = [
@@ -111,7 +112,9 @@ GRID = [
         *config,
         marks=() if config == CONFIGS[0] and transform in QUICK else pytest.mark.slow,
     )
-    for QUICK in [("grad_grad", "gradient_penalty", "grad_jvp", "jacrev_jacfwd")]
+    for QUICK in [
+        ("grad_grad", "gradient_penalty", "grad_jvp", "grad_linearize", "jacrev_jacfwd")
+    ]
     for transform in sorted(TRANSFORMS)
     for config in CONFIGS
 ]
