@@ -25,7 +25,7 @@ import time
 
 import jax
 import jax.numpy as jnp
-from _common import EvalCounter, mlp, mlp_weights
+from _common import euler_step, EvalCounter, mlp, mlp_weights
 
 import boundedloop as bl
 
@@ -103,6 +103,45 @@ def make_buffers(lib, rows, width=256, checkpoints=16):
 DIFFRAX_CHECKPOINTS = (None, 16)
 
 
+def make_euler(lib, n=1000, width=32, checkpoints=16):
+    """`cheap_steps.py`'s gradient: `n` Euler steps of `tanh(W x + b)`."""
+    w = jax.random.normal(jax.random.key(0), (width, width)) / 6
+
+    def loss(w, x0):
+        final = lib.while_loop(
+            lambda c: c[1] < n,
+            euler_step(w, jnp.zeros(width)),
+            (x0, jnp.array(0)),
+            max_steps=n,
+            checkpoints=checkpoints,
+        )
+        return jnp.sum(final[0] ** 2)
+
+    return jax.jit(jax.grad(loss)), (w, jnp.ones(width))
+
+
+def make_small_solve(lib):
+    """`small_solves.py`'s gradient of a 100-step constant-step `Tsit5` solve of
+    one number through `lib`'s adjoint."""
+    import diffrax
+    from small_solves import solve
+
+    adjoints = importlib.import_module(lib.__name__ + ".diffrax")
+    adjoint, solver = adjoints.CheckpointedAdjoint(), diffrax.Tsit5()
+
+    def loss(y0, a):
+        return jnp.sum(solve(y0, a, adjoint, solver, constant_steps=True) ** 2)
+
+    return jax.jit(jax.grad(loss, argnums=1)), (jnp.ones(1), jnp.array([0.7, 0.3]))
+
+
+# the speed tricks' workloads: label -> (max_steps, make)
+TRICKS = {
+    "cheap steps (Euler, width 32, 1000 steps)": (1000, make_euler),
+    "in order (Tsit5, 1 number, 100 steps)": (4096, make_small_solve),
+}
+
+
 def make_diffrax(lib, checkpoints):
     """The gradient of `diffrax_adjoint.py`'s neural ODE through `lib`'s adjoint,
     and its arguments."""
@@ -158,6 +197,9 @@ def main():
                 for c in DIFFRAX_CHECKPOINTS:
                     key = (name, c, "diffrax")
                     fns[key], fn_args[key] = make_diffrax(lib, c)
+                for label, (_, make_trick) in TRICKS.items():
+                    key = (name, label, "trick")
+                    fns[key], fn_args[key] = make_trick(lib)
                 for key in fns:
                     jax.block_until_ready(fns[key](*fn_args.get(key, (weights, x))))
             samples = {k: [] for k in fns}
@@ -224,6 +266,8 @@ def main():
     for c in DIFFRAX_CHECKPOINTS:
         label = "CheckpointedAdjoint()" if c is None else f"CheckpointedAdjoint({c})"
         add_row(f"diffrax neural, {label}", c, 4096, "diffrax")
+    for label, (max_steps, _) in TRICKS.items():
+        add_row(label, label, max_steps, "trick")
     if args.out:
         pathlib.Path(args.out).write_text(
             json.dumps({"rev": args.rev, "rounds": args.rounds, "rows": rows}, indent=1)
