@@ -9,12 +9,14 @@ collects the tests (with the pytest arguments given, e.g. files or `-m`) into
 `--state`; each call then runs the tests not yet run, by name, in one process
 (`-n 0`: one process at a time can hold a TPU), with `-v`, and interrupts pytest
 (as Ctrl-C does) when `--seconds` have passed, or once it has collected the tests
-if it has not yet, and again every few seconds until it stops. The outcome of each test that
-finished is kept in the state file, and the next call goes on from there. A test cut
-off mid-run is run again from its start. A test during which the process dies (an
-abort in a compiler, say) is recorded as CRASHED, and the next part goes on after it.
-Each call prints the counts so far and the failures' names. Exits 0 when every test has run and none failed, 1 when one
-failed (the outcome line says which), 2 when tests are left to run.
+if it has not yet, and again every few seconds until it stops. The outcome of each
+test that finished is kept in the state file, and the next call goes on from there.
+A test cut off mid-run is run again from its start. A test during which the process
+dies (an abort in a compiler, say) is recorded as CRASHED, and the next part goes on
+after it. Each call prints the counts so far, the slowest tests and the failures'
+names; the state keeps each test's seconds. Exits 0 when every test has run and none
+failed, 1 when one failed (the outcome line says which), 2 when tests are left to
+run.
 """
 
 import argparse
@@ -47,9 +49,12 @@ def collect(pytest_args: list[str]) -> list[str]:
     return ids
 
 
-def run_part(ids: list[str], seconds: float) -> dict:
+def run_part(ids: list[str], seconds: float, took: dict | None = None) -> dict:
     """Runs `ids` until they end or `seconds` pass; the outcome of each that ended,
-    and CRASHED for the one running when the process died, if it did."""
+    and CRASHED for the one running when the process died, if it did. Where `took`
+    is given, it gets the seconds each test that ended took (from the end of the
+    one before, or from collection)."""
+    took = {} if took is None else took
     command = [sys.executable, "-m", "pytest", "-n", "0", "-p", "no:cacheprovider"]
     process = subprocess.Popen(
         [*command, "-v", "--tb=short", *ids],
@@ -61,14 +66,20 @@ def run_part(ids: list[str], seconds: float) -> dict:
     started = []  # `-v` prints a test's id as it starts, its outcome as it ends
     collected = threading.Event()
 
+    last = [time.perf_counter()]
+
     def read():
         for line in process.stdout:
             sys.stdout.write(line)
             if COLLECTED.search(line):
                 collected.set()
+                last[0] = time.perf_counter()
             found = OUTCOME.match(line)
             if found:
                 outcomes[found[1]] = found[2]
+                now = time.perf_counter()
+                took[found[1]] = round(now - last[0], 2)
+                last[0] = now
             elif "::" in line:
                 started.extend(t for t in ids if line.startswith(t + " "))
 
@@ -119,7 +130,8 @@ def main():
         time.sleep(5)  # a TPU may refuse a process that starts just as one ends
     pending = [t for t in state["tests"] if t not in state["outcomes"]]
     if pending:
-        state["outcomes"].update(run_part(pending, args.seconds))
+        took = state.setdefault("seconds", {})
+        state["outcomes"].update(run_part(pending, args.seconds, took))
         state_path.write_text(json.dumps(state, indent=1))
     outcomes = state["outcomes"]
     left = [t for t in state["tests"] if t not in outcomes]
@@ -128,6 +140,8 @@ def main():
         counts[outcome] = counts.get(outcome, 0) + 1
     failed = sorted(t for t, o in outcomes.items() if o in FAILING)
     print(f"\nrun in parts: {counts}, {len(left)} of {len(state['tests'])} left")
+    slowest = sorted(state.get("seconds", {}).items(), key=lambda kv: -kv[1])[:5]
+    print("slowest so far: " + ", ".join(f"{t} {s:.0f} s" for t, s in slowest))
     for test in failed:
         print(f"{outcomes[test]} {test}")
     sys.exit(1 if failed else 2 if left else 0)

@@ -54,8 +54,9 @@ def test_a_part_cut_off_resumes_where_it_stopped(tmp_path):
     (tmp_path / "hold").unlink()
     second = _part(tmp_path, 60)
     assert second.returncode == 1, second.stdout[-2000:]  # one failed
-    outcomes = json.loads((tmp_path / "state.json").read_text())["outcomes"]
-    assert sorted(outcomes.values()) == ["FAILED", "PASSED", "PASSED"]
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert sorted(state["outcomes"].values()) == ["FAILED", "PASSED", "PASSED"]
+    assert set(state["seconds"]) == set(state["outcomes"])  # each test's time
     last = second.stdout.splitlines()[-1]
     assert last.startswith("FAILED") and "test_fails" in last
 
