@@ -33,7 +33,7 @@ import jax.extend.core
 import jax.numpy as jnp
 from _common import interleaved_medians, write_results
 from jax import lax
-from small_solves import field
+from small_solves import solve
 
 import boundedloop as bl
 from boundedloop import _cost_model
@@ -105,27 +105,10 @@ LOOP_RULES = {"nested": IS_CHEAP, "rule": unless_loop}
 
 def diffrax_loss(solver, steps, size, pid):
     y0 = jnp.linspace(0.5, 1.5, size)
-    if pid:
-        dt0, t1 = 0.1, 3.0
-        controller = diffrax.PIDController(rtol=1e-5, atol=1e-5)
-    else:
-        dt0, t1, controller = 1e-3, steps * 1e-3, diffrax.ConstantStepSize()
+    adjoint = bl.diffrax.CheckpointedAdjoint()
 
     def loss(a):
-        term = diffrax.ODETerm(field)
-        ys = diffrax.diffeqsolve(
-            term,
-            solver(),
-            0.0,
-            t1,
-            dt0,
-            y0,
-            args=a,
-            stepsize_controller=controller,
-            saveat=diffrax.SaveAt(t1=True),
-            max_steps=4096,
-            adjoint=bl.diffrax.CheckpointedAdjoint(),
-        ).ys
+        ys = solve(y0, a, adjoint, solver(), not pid, steps, dt=1e-3)
         return jnp.sum(ys**2)
 
     return loss, (jnp.array([0.7, 0.3]),)

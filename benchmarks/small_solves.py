@@ -47,9 +47,11 @@ def field(t, y, a):
     return -a[0] * y + a[1]
 
 
-def solve(y0, a, adjoint, solver, constant_steps):
+def solve(y0, a, adjoint, solver, constant_steps, steps=100, dt=0.01):
+    """`field`'s solution at `t1`: `steps` constant steps of `dt`, or with a PID
+    controller on `t` in [0, 3]."""
     if constant_steps:
-        dt0, controller, t1 = 0.01, diffrax.ConstantStepSize(), 1.0
+        dt0, controller, t1 = dt, diffrax.ConstantStepSize(), steps * dt
     else:
         dt0, controller, t1 = 0.1, diffrax.PIDController(rtol=1e-5, atol=1e-5), 3.0
     return diffrax.diffeqsolve(
