@@ -17,10 +17,11 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.extend.core
+import jax.extend.linear_util as lu
 import jax.extend.source_info_util as source_info_util
 import jax.tree_util as jtu
 
-from ._shard_map import vary, vary_everywhere
+from ._shard_map import _varying, vary, vary_everywhere
 
 
 class ClosureConverted(eqx.Module):
@@ -84,11 +85,52 @@ def _replay(jaxpr, consts, args):
                 out = [vary(x, eqn.params["axes"]) for x in invals]
                 out = out if eqn.primitive.multiple_results else out[0]
             else:
-                params = eqn.primitive.get_bind_params(eqn.params)
+                params = eqn.params
+                if eqn.primitive.name == "custom_jvp_call" and _more_varying(
+                    eqn.invars, invals
+                ):
+                    params = _retyped_custom_jvp(params, invals)
+                params = eqn.primitive.get_bind_params(params)
                 out = eqn.primitive.bind(*invals, **params)
         outs = out if eqn.primitive.multiple_results else [out]
         env.update(zip(eqn.outvars, outs))
     return [read(v) for v in jaxpr.outvars]
+
+
+def _more_varying(invars, invals) -> bool:
+    """Whether a value in `invals` varies over mesh axes its traced variable did not."""
+    return any(
+        _varying(x) - _varying(v.aval)
+        for v, x in zip(invars, invals)
+        if hasattr(v.aval, "manual_axis_type")
+    )
+
+
+def _retyped(jaxpr, consts, avals):
+    """`jaxpr` traced again through `_replay` for arguments of types `avals`."""
+    return jax.make_jaxpr(lambda *a: _replay(jaxpr, consts, a))(*avals)
+
+
+def _retyped_custom_jvp(params, invals):
+    """A custom JVP's parameters (a loop nested in the body, say) for operands
+    `invals` that vary over more mesh axes than when it was traced: its function and
+    its JVP cast some values to vary, which vary already now, and JAX's own
+    evaluation of them would cast again, which `pvary` rejects. Both are traced again
+    through `_replay`."""
+    avals = [jax.typeof(x) for x in invals]
+    closed = params["call_jaxpr"]
+    call_jaxpr = _retyped(closed.jaxpr, closed.consts, avals)
+    jvp_jaxpr_fun, num_consts = params["jvp_jaxpr_fun"], params["num_consts"]
+
+    def jvp_jaxpr(*zeros):
+        jaxpr, consts, out_zeros = jvp_jaxpr_fun.call_wrapped(*zeros)
+        primals = avals[num_consts:]
+        tangents = [a.to_tangent_aval() for a, z in zip(primals, zeros) if not z]
+        closed = _retyped(jaxpr, consts, [*primals, *tangents])
+        return closed.jaxpr, closed.consts, out_zeros
+
+    jvp_fun = lu.wrap_init(jvp_jaxpr, debug_info=jvp_jaxpr_fun.debug_info)
+    return {**params, "call_jaxpr": call_jaxpr, "jvp_jaxpr_fun": jvp_fun}
 
 
 def _same_static(a, b) -> bool:
