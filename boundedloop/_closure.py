@@ -86,10 +86,9 @@ def _replay(jaxpr, consts, args):
                 out = out if eqn.primitive.multiple_results else out[0]
             else:
                 params = eqn.params
-                if eqn.primitive.name == "custom_jvp_call" and _more_varying(
-                    eqn.invars, invals
-                ):
-                    params = _retyped_custom_jvp(params, invals)
+                retype = RETYPE.get(eqn.primitive.name)
+                if retype is not None and _more_varying(eqn.invars, invals):
+                    params = retype(params, [jax.typeof(x) for x in invals])
                 params = eqn.primitive.get_bind_params(params)
                 out = eqn.primitive.bind(*invals, **params)
         outs = out if eqn.primitive.multiple_results else [out]
@@ -111,13 +110,16 @@ def _retyped(jaxpr, consts, avals):
     return jax.make_jaxpr(lambda *a: _replay(jaxpr, consts, a))(*avals)
 
 
-def _retyped_custom_jvp(params, invals):
-    """A custom JVP's parameters (a loop nested in the body, say) for operands
-    `invals` that vary over more mesh axes than when it was traced: its function and
-    its JVP cast some values to vary, which vary already now, and JAX's own
-    evaluation of them would cast again, which `pvary` rejects. Both are traced again
-    through `_replay`."""
-    avals = [jax.typeof(x) for x in invals]
+# A higher-order primitive in the body (a nested loop's custom JVP, a `lax` loop, a
+# `cond`, `jax.checkpoint`) holds jaxprs traced when the body was. Inside
+# `shard_map` they cast values the body closes over to vary (`pvary`); the loop
+# passes those values in varying already, and JAX's own evaluation or
+# linearization of the inner jaxprs would cast them again, which `pvary` rejects.
+# Each rule here traces its primitive's jaxprs again through `_replay` for the
+# operands' types `avals`.
+
+
+def _retyped_custom_jvp(params, avals):
     closed = params["call_jaxpr"]
     call_jaxpr = _retyped(closed.jaxpr, closed.consts, avals)
     jvp_jaxpr_fun, num_consts = params["jvp_jaxpr_fun"], params["num_consts"]
@@ -131,6 +133,46 @@ def _retyped_custom_jvp(params, invals):
 
     jvp_fun = lu.wrap_init(jvp_jaxpr, debug_info=jvp_jaxpr_fun.debug_info)
     return {**params, "call_jaxpr": call_jaxpr, "jvp_jaxpr_fun": jvp_fun}
+
+
+def _retyped_scan(params, avals):
+    closed, fixed = params["jaxpr"], params["num_consts"] + params["num_carry"]
+    avals = avals[:fixed] + [a.update(shape=a.shape[1:]) for a in avals[fixed:]]
+    return {**params, "jaxpr": _retyped(closed.jaxpr, closed.consts, avals)}
+
+
+def _retyped_while(params, avals):
+    n_cond, n_body = params["cond_nconsts"], params["body_nconsts"]
+    carry = avals[n_cond + n_body :]
+    cond, body = params["cond_jaxpr"], params["body_jaxpr"]
+    return {
+        **params,
+        "cond_jaxpr": _retyped(cond.jaxpr, cond.consts, avals[:n_cond] + carry),
+        "body_jaxpr": _retyped(
+            body.jaxpr, body.consts, avals[n_cond : n_cond + n_body] + carry
+        ),
+    }
+
+
+def _retyped_cond(params, avals):
+    branches = tuple(_retyped(b.jaxpr, b.consts, avals[1:]) for b in params["branches"])
+    return {**params, "branches": branches}
+
+
+def _retyped_remat(params, avals):
+    closed = _retyped(params["jaxpr"], (), avals)
+    if closed.consts:  # (a replay makes no new constants)
+        raise AssertionError("boundedloop internal error: constants in a remat")
+    return {**params, "jaxpr": closed.jaxpr}
+
+
+RETYPE = {
+    "custom_jvp_call": _retyped_custom_jvp,
+    "scan": _retyped_scan,
+    "while": _retyped_while,
+    "cond": _retyped_cond,
+    "remat2": _retyped_remat,
+}
 
 
 def _same_static(a, b) -> bool:

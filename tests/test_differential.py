@@ -228,11 +228,13 @@ INSIDE_THE_BODY = {
     "checkpoint": lambda x: jax.checkpoint(lambda x: jnp.tanh(W @ x))(x),
     "scan": lambda x: lax.scan(lambda c, _: (jnp.tanh(W @ c), None), x, length=2)[0],
     "fori_loop": lambda x: lax.fori_loop(0, 2, lambda i, c: jnp.tanh(W @ c), x),
+    "while_loop": lambda x: lax.while_loop(
+        lambda c: c[1] < 2, lambda c: (jnp.tanh(W @ c[0]), c[1] + 1), (x, 0)
+    )[0],
 }
 REFERENCES = {"bl.while_loop": lambda x: unrolled(x)[STEPS - 1]}
-# a `lax` loop or `jax.checkpoint` in the body: its linearization casts `W` to vary
-# again inside the recorded jaxpr, which `pvary` rejects (not yet fixed)
-STILL_FAILING = {"checkpoint", "scan", "fori_loop"}
+# `lax.while_loop` has no reverse mode: forward mode only
+FORWARD_ONLY = {"while_loop"}
 SHARD_MAP_TRANSFORMS = {
     "primal": lambda f: f,
     "grad": lambda f: jax.grad(_sum_squares(f)),
@@ -266,27 +268,17 @@ def _outer(inner):
 
 
 @pytest.mark.parametrize("transform", list(SHARD_MAP_TRANSFORMS))
-@pytest.mark.parametrize(
-    "inside",
-    [
-        pytest.param(
-            k,
-            marks=pytest.mark.xfail(
-                k in STILL_FAILING, strict=True, reason="known bug: see STILL_FAILING"
-            ),
-        )
-        for k in INSIDE_THE_BODY
-    ],
-)
+@pytest.mark.parametrize("inside", list(INSIDE_THE_BODY))
 def test_shard_map_body_runs(inside, transform):
-    """A body that runs a nested loop, a `jit`, a `cond`, a custom JVP or a
-    `jax.checkpoint` on an array it closes over, inside `shard_map`, under each
-    transform, against the same steps unrolled on the host. The nested loop failed
-    in `pvary`, primal included, until session 35: the inner loop's custom JVP,
-    traced when the outer body was, cast `W` to vary; replayed on varying values,
-    JAX cast it again, which `pvary` rejects."""
-    if transform in ("primal", "jvp") and inside in STILL_FAILING:
-        pytest.skip("forward mode passes; the known bug is in the linearization")
+    """A body that runs a nested loop, a `jit`, a `cond`, a custom JVP, a
+    `jax.checkpoint` or a `lax` loop on an array it closes over, inside `shard_map`,
+    under each transform, against the same steps unrolled on the host. Until
+    session 35 the nested loop and the custom JVP failed in `pvary`, primal
+    included, and the rest but `jit` and `cond` under `grad` and `hessian`: their
+    jaxprs, traced when the body was, cast `W` to vary, and JAX cast it again when
+    the loop replayed the body on varying values (see `_closure.RETYPE`)."""
+    if inside in FORWARD_ONLY and transform in ("grad", "hessian"):
+        pytest.skip("`lax.while_loop` cannot be reverse-differentiated")
     apply = SHARD_MAP_TRANSFORMS[transform]
     ours_fn, _ = _outer(INSIDE_THE_BODY[inside])
     _, reference = _outer(REFERENCES.get(inside, INSIDE_THE_BODY[inside]))

@@ -90,3 +90,33 @@ def test_a_buffer_reaching_a_jax_operation_raises_our_error():
             max_steps=4,
             buffers=lambda c: c[1],
         )
+
+
+def test_higher_order_primitives_hold_the_jaxprs_we_retype():
+    """`_closure.RETYPE` rebuilds these primitives' jaxpr parameters, by these names,
+    when the loop replays a body inside `shard_map` (`test_shard_map_body_runs`)."""
+    from boundedloop._closure import RETYPE
+
+    w = jnp.ones((3, 3))
+
+    def f(x):
+        x = jax.lax.scan(lambda c, _: (w @ c, None), x, length=2)[0]
+        x = jax.lax.while_loop(lambda c: c[0] < 0, lambda c: c, x)
+        x = jax.lax.cond(x[0] > 0, lambda x: x, jnp.sin, x)
+        return jax.checkpoint(jnp.tanh)(x)
+
+    f_jvp = jax.custom_jvp(f)
+    f_jvp.defjvp(lambda p, t: (f(*p), t[0]))
+    eqns = jax.make_jaxpr(f_jvp)(jnp.ones(3)).jaxpr.eqns
+    eqns += jax.make_jaxpr(f)(jnp.ones(3)).jaxpr.eqns
+    names = {e.primitive.name: set(e.params) for e in eqns}
+    assert set(RETYPE) <= set(names)
+    needed = {
+        "custom_jvp_call": {"call_jaxpr", "jvp_jaxpr_fun", "num_consts"},
+        "scan": {"jaxpr", "num_consts", "num_carry"},
+        "while": {"cond_jaxpr", "body_jaxpr", "cond_nconsts", "body_nconsts"},
+        "cond": {"branches"},
+        "remat2": {"jaxpr"},
+    }
+    for name, params in needed.items():
+        assert params <= names[name], name
