@@ -86,9 +86,8 @@ def _replay(jaxpr, consts, args):
                 out = out if eqn.primitive.multiple_results else out[0]
             else:
                 params = eqn.params
-                retype = RETYPE.get(eqn.primitive.name)
-                if retype is not None and _more_varying(eqn.invars, invals):
-                    params = retype(params, [jax.typeof(x) for x in invals])
+                if _more_varying(eqn.invars, invals):
+                    params, invals = _retyped_equation(eqn.primitive, params, invals)
                 params = eqn.primitive.get_bind_params(params)
                 out = eqn.primitive.bind(*invals, **params)
         outs = out if eqn.primitive.multiple_results else [out]
@@ -105,6 +104,35 @@ def _more_varying(invars, invals) -> bool:
     )
 
 
+def _retyped_equation(primitive, params, invals):
+    """An equation's parameters and operands, for operands that vary over more mesh
+    axes than when it was traced. Tracing casts the operands of an operation on
+    values of different axes to vary alike, and the loop's varying inputs can make
+    values differ that were alike then (an array the body closes over, added to
+    one the body makes): they are cast alike again here. A higher-order primitive's
+    jaxprs are traced again for the new types (`RETYPE`)."""
+    retype = RETYPE.get(primitive.name)
+    if retype is not None:
+        return retype(params, invals)
+    arrays = [x for x in invals if isinstance(x, jax.Array)]
+    axes = frozenset().union(*map(_varying, arrays))
+    return params, [vary(x, axes) if isinstance(x, jax.Array) else x for x in invals]
+
+
+def _carry_fixed_point(retype, invals, carry: slice):
+    """`retype(avals) -> (params, carry_out_avals)` for the operands `invals`, with
+    the carry operands cast to vary wherever the step makes them vary (as
+    `lax.while_loop` and `lax.scan` do when traced)."""
+    invals = list(invals)
+    for _ in range(len(invals) + 1):
+        params, out = retype([jax.typeof(x) for x in invals])
+        missing = [_varying(o) - _varying(x) for o, x in zip(out, invals[carry])]
+        if not any(missing):
+            return params, invals
+        invals[carry] = [vary(x, m) for x, m in zip(invals[carry], missing)]
+    raise AssertionError("boundedloop internal error: carry types do not settle")
+
+
 def _retyped(jaxpr, consts, avals):
     """`jaxpr` traced again through `_replay` for arguments of types `avals`."""
     return jax.make_jaxpr(lambda *a: _replay(jaxpr, consts, a))(*avals)
@@ -116,10 +144,12 @@ def _retyped(jaxpr, consts, avals):
 # passes those values in varying already, and JAX's own evaluation or
 # linearization of the inner jaxprs would cast them again, which `pvary` rejects.
 # Each rule here traces its primitive's jaxprs again through `_replay` for the
-# operands' types `avals`.
+# operands `invals`' types, and returns the parameters and the operands (a loop's
+# carry cast to vary where its step now makes it vary).
 
 
-def _retyped_custom_jvp(params, avals):
+def _retyped_custom_jvp(params, invals):
+    avals = [jax.typeof(x) for x in invals]
     closed = params["call_jaxpr"]
     call_jaxpr = _retyped(closed.jaxpr, closed.consts, avals)
     jvp_jaxpr_fun, num_consts = params["jvp_jaxpr_fun"], params["num_consts"]
@@ -132,38 +162,50 @@ def _retyped_custom_jvp(params, avals):
         return closed.jaxpr, closed.consts, out_zeros
 
     jvp_fun = lu.wrap_init(jvp_jaxpr, debug_info=jvp_jaxpr_fun.debug_info)
-    return {**params, "call_jaxpr": call_jaxpr, "jvp_jaxpr_fun": jvp_fun}
+    params = {**params, "call_jaxpr": call_jaxpr, "jvp_jaxpr_fun": jvp_fun}
+    return params, invals
 
 
-def _retyped_scan(params, avals):
-    closed, fixed = params["jaxpr"], params["num_consts"] + params["num_carry"]
-    avals = avals[:fixed] + [a.update(shape=a.shape[1:]) for a in avals[fixed:]]
-    return {**params, "jaxpr": _retyped(closed.jaxpr, closed.consts, avals)}
+def _retyped_scan(params, invals):
+    closed = params["jaxpr"]
+    n_consts, n_carry = params["num_consts"], params["num_carry"]
+    fixed = n_consts + n_carry
+
+    def retype(avals):
+        avals = avals[:fixed] + [a.update(shape=a.shape[1:]) for a in avals[fixed:]]
+        jaxpr = _retyped(closed.jaxpr, closed.consts, avals)
+        return {**params, "jaxpr": jaxpr}, jaxpr.out_avals[:n_carry]
+
+    return _carry_fixed_point(retype, invals, slice(n_consts, fixed))
 
 
-def _retyped_while(params, avals):
+def _retyped_while(params, invals):
     n_cond, n_body = params["cond_nconsts"], params["body_nconsts"]
-    carry = avals[n_cond + n_body :]
     cond, body = params["cond_jaxpr"], params["body_jaxpr"]
-    return {
-        **params,
-        "cond_jaxpr": _retyped(cond.jaxpr, cond.consts, avals[:n_cond] + carry),
-        "body_jaxpr": _retyped(
+
+    def retype(avals):
+        carry = avals[n_cond + n_body :]
+        body_jaxpr = _retyped(
             body.jaxpr, body.consts, avals[n_cond : n_cond + n_body] + carry
-        ),
-    }
+        )
+        cond_jaxpr = _retyped(cond.jaxpr, cond.consts, avals[:n_cond] + carry)
+        new = {**params, "cond_jaxpr": cond_jaxpr, "body_jaxpr": body_jaxpr}
+        return new, body_jaxpr.out_avals
+
+    return _carry_fixed_point(retype, invals, slice(n_cond + n_body, None))
 
 
-def _retyped_cond(params, avals):
-    branches = tuple(_retyped(b.jaxpr, b.consts, avals[1:]) for b in params["branches"])
-    return {**params, "branches": branches}
+def _retyped_cond(params, invals):
+    avals = [jax.typeof(x) for x in invals[1:]]
+    branches = tuple(_retyped(b.jaxpr, b.consts, avals) for b in params["branches"])
+    return {**params, "branches": branches}, invals
 
 
-def _retyped_remat(params, avals):
-    closed = _retyped(params["jaxpr"], (), avals)
+def _retyped_remat(params, invals):
+    closed = _retyped(params["jaxpr"], (), [jax.typeof(x) for x in invals])
     if closed.consts:  # (a replay makes no new constants)
         raise AssertionError("boundedloop internal error: constants in a remat")
-    return {**params, "jaxpr": closed.jaxpr}
+    return {**params, "jaxpr": closed.jaxpr}, invals
 
 
 RETYPE = {

@@ -231,10 +231,29 @@ INSIDE_THE_BODY = {
     "while_loop": lambda x: lax.while_loop(
         lambda c: c[1] < 2, lambda c: (jnp.tanh(W @ c[0]), c[1] + 1), (x, 0)
     )[0],
+    # `W` combined with a value made in the body, before the carry: alike (the
+    # same on every device) when traced, not when replayed on varying values
+    "made_in_the_body": lambda x: 0.1 * x * (jnp.zeros(3) + jnp.tanh(W).sum(0)),
+    # a loop whose carry starts as a value made in the body and takes in `W`
+    "fori_accumulates": lambda x: (
+        0.1
+        * x
+        * lax.fori_loop(0, 2, lambda i, acc: acc + jnp.tanh(W).sum(0), jnp.zeros(3))
+    ),
+    "while_accumulates": lambda x: (
+        0.1
+        * x
+        * lax.while_loop(
+            lambda c: c[1] < 2,
+            lambda c: (c[0] + jnp.tanh(W).sum(0), c[1] + 1),
+            (jnp.zeros(3), 0),
+        )[0]
+    ),
+    "scan_over_W": lambda x: x + lax.scan(lambda c, w: (c, jnp.tanh(w @ x)), 0.0, W)[1],
 }
 REFERENCES = {"bl.while_loop": lambda x: unrolled(x)[STEPS - 1]}
 # `lax.while_loop` has no reverse mode: forward mode only
-FORWARD_ONLY = {"while_loop"}
+FORWARD_ONLY = {"while_loop", "while_accumulates"}
 SHARD_MAP_TRANSFORMS = {
     "primal": lambda f: f,
     "grad": lambda f: jax.grad(_sum_squares(f)),
@@ -267,16 +286,31 @@ def _outer(inner):
     return f, reference
 
 
-@pytest.mark.parametrize("transform", list(SHARD_MAP_TRANSFORMS))
-@pytest.mark.parametrize("inside", list(INSIDE_THE_BODY))
+# the default run: `grad` (which runs the forward too), or `jvp` where there is no
+# reverse mode; `-m slow`: every transform
+SHARD_MAP_GRID = [
+    pytest.param(
+        inside,
+        transform,
+        marks=()
+        if transform == ("jvp" if inside in FORWARD_ONLY else "grad")
+        else pytest.mark.slow,
+    )
+    for inside in INSIDE_THE_BODY
+    for transform in SHARD_MAP_TRANSFORMS
+]
+
+
+@pytest.mark.parametrize("inside, transform", SHARD_MAP_GRID)
 def test_shard_map_body_runs(inside, transform):
     """A body that runs a nested loop, a `jit`, a `cond`, a custom JVP, a
-    `jax.checkpoint` or a `lax` loop on an array it closes over, inside `shard_map`,
-    under each transform, against the same steps unrolled on the host. Until
-    session 35 the nested loop and the custom JVP failed in `pvary`, primal
-    included, and the rest but `jit` and `cond` under `grad` and `hessian`: their
-    jaxprs, traced when the body was, cast `W` to vary, and JAX cast it again when
-    the loop replayed the body on varying values (see `_closure.RETYPE`)."""
+    `jax.checkpoint` or a `lax` loop on an array it closes over, or combines that
+    array with a value it makes, inside `shard_map`, under each transform, against
+    the same steps unrolled on the host. Until session 35 the nested loop, the
+    custom JVP and the values made in the body failed, primal included, and the
+    other loops and `jax.checkpoint` under `grad` and `hessian`: the body is traced
+    with `W` the same on every device and replayed with it varying (see
+    `_closure._retyped_equation`)."""
     if inside in FORWARD_ONLY and transform in ("grad", "hessian"):
         pytest.skip("`lax.while_loop` cannot be reverse-differentiated")
     apply = SHARD_MAP_TRANSFORMS[transform]
