@@ -21,7 +21,7 @@ import jax.extend.linear_util as lu
 import jax.extend.source_info_util as source_info_util
 import jax.tree_util as jtu
 
-from ._shard_map import _varying, vary, vary_everywhere
+from ._shard_map import vary, vary_as_stepped, vary_everywhere, varying_axes
 
 
 class ClosureConverted(eqx.Module):
@@ -98,7 +98,7 @@ def _replay(jaxpr, consts, args):
 def _more_varying(invars, invals) -> bool:
     """Whether a value in `invals` varies over mesh axes its traced variable did not."""
     return any(
-        _varying(x) - _varying(v.aval)
+        varying_axes(x) - varying_axes(v.aval)
         for v, x in zip(invars, invals)
         if hasattr(v.aval, "manual_axis_type")
     )
@@ -115,7 +115,7 @@ def _retyped_equation(primitive, params, invals):
     if retype is not None:
         return retype(params, invals)
     arrays = [x for x in invals if isinstance(x, jax.Array)]
-    axes = frozenset().union(*map(_varying, arrays))
+    axes = frozenset().union(*map(varying_axes, arrays))
     return params, [vary(x, axes) if isinstance(x, jax.Array) else x for x in invals]
 
 
@@ -123,14 +123,16 @@ def _carry_fixed_point(retype, invals, carry: slice):
     """`retype(avals) -> (params, carry_out_avals)` for the operands `invals`, with
     the carry operands cast to vary wherever the step makes them vary (as
     `lax.while_loop` and `lax.scan` do when traced)."""
-    invals = list(invals)
-    for _ in range(len(invals) + 1):
-        params, out = retype([jax.typeof(x) for x in invals])
-        missing = [_varying(o) - _varying(x) for o, x in zip(out, invals[carry])]
-        if not any(missing):
-            return params, invals
-        invals[carry] = [vary(x, m) for x, m in zip(invals[carry], missing)]
-    raise AssertionError("boundedloop internal error: carry types do not settle")
+    invals, last = list(invals), {}
+
+    def step_types(carry_vals):
+        operands = list(invals)
+        operands[carry] = carry_vals
+        last["params"], out = retype([jax.typeof(x) for x in operands])
+        return out
+
+    invals[carry] = vary_as_stepped(invals[carry], step_types)
+    return last["params"], invals
 
 
 def _retyped(jaxpr, consts, avals):

@@ -25,7 +25,7 @@ import numpy as np
 from jax import lax
 
 
-def _varying(x) -> frozenset:
+def varying_axes(x) -> frozenset:
     kind = getattr(x, "manual_axis_type", None)
     if kind is None:
         kind = jax.typeof(x).manual_axis_type
@@ -72,15 +72,26 @@ def varying_while_loop(cond_fun, body_fun, init_val):
     if not jax.sharding.get_abstract_mesh().manual_axes:
         return lax.while_loop(cond_fun, body_fun, init_val)
     leaves, treedef = jtu.tree_flatten(init_val)
-    # each pass widens at least one leaf's axes, so this reaches a fixed point
-    for _ in range(len(leaves) + 1):
-        out = jtu.tree_leaves(jax.eval_shape(body_fun, init_val))
-        missing = [_varying(o) - _varying(x) for x, o in zip(leaves, out)]
-        if not any(missing):
-            break
-        leaves = [vary(x, m) for x, m in zip(leaves, missing)]
+
+    def step_types(leaves):
         init_val = jtu.tree_unflatten(treedef, leaves)
+        return jtu.tree_leaves(jax.eval_shape(body_fun, init_val))
+
+    init_val = jtu.tree_unflatten(treedef, vary_as_stepped(leaves, step_types))
     return lax.while_loop(cond_fun, body_fun, init_val)
+
+
+def vary_as_stepped(carry: list, step_types) -> list:
+    """A loop's initial `carry` (a list of arrays), cast to vary wherever its step
+    makes it vary: `step_types(carry)` is the types of the step's outputs."""
+    # each pass widens at least one leaf's axes, so this reaches a fixed point
+    for _ in range(len(carry) + 1):
+        out = step_types(carry)
+        missing = [varying_axes(o) - varying_axes(x) for x, o in zip(carry, out)]
+        if not any(missing):
+            return carry
+        carry = [vary(x, m) for x, m in zip(carry, missing)]
+    raise AssertionError("boundedloop internal error: carry types do not settle")
 
 
 def vary_everywhere(tree):
@@ -101,12 +112,12 @@ def vary_everywhere(tree):
 
 def vary(x, axes):
     """`x`, cast to vary over the mesh axes `axes` it does not vary over yet."""
-    missing = tuple(sorted(frozenset(axes) - _varying(x)))
+    missing = tuple(sorted(frozenset(axes) - varying_axes(x)))
     return lax.pcast(x, missing, to="varying") if missing else x
 
 
 def sum_over_devices(ct, aval):
     """A cotangent `ct` for a value of type `aval`: summed (`lax.psum`) over the
     manual mesh axes it varies over and `aval` does not."""
-    extra = _varying(ct) - frozenset(aval.manual_axis_type.varying)
+    extra = varying_axes(ct) - frozenset(aval.manual_axis_type.varying)
     return lax.psum(ct, tuple(sorted(extra))) if extra else ct
