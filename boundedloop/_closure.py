@@ -135,9 +135,15 @@ def _carry_fixed_point(retype, invals, carry: slice):
     return last["params"], invals
 
 
-def _retyped(jaxpr, consts, avals):
-    """`jaxpr` traced again through `_replay` for arguments of types `avals`."""
-    return jax.make_jaxpr(lambda *a: _replay(jaxpr, consts, a))(*avals)
+def _retyped(jaxpr, consts, avals, out_axes=None):
+    """`jaxpr` traced again through `_replay` for arguments of types `avals`; each
+    output cast to vary over `out_axes`' entry for it, if given."""
+
+    def replay(*args):
+        out = _replay(jaxpr, consts, args)
+        return out if out_axes is None else list(map(vary, out, out_axes))
+
+    return jax.make_jaxpr(replay)(*avals)
 
 
 # A higher-order primitive in the body (a nested loop's custom JVP, a `lax` loop, a
@@ -199,7 +205,13 @@ def _retyped_while(params, invals):
 
 def _retyped_cond(params, invals):
     avals = [jax.typeof(x) for x in invals[1:]]
-    branches = tuple(_retyped(b.jaxpr, b.consts, avals) for b in params["branches"])
+    branches = [_retyped(b.jaxpr, b.consts, avals) for b in params["branches"]]
+    # the branches' outputs must vary alike, as tracing makes them
+    outs = zip(*(b.out_avals for b in branches))
+    axes = [frozenset().union(*map(varying_axes, out)) for out in outs]
+    branches = tuple(
+        _retyped(b.jaxpr, b.consts, avals, axes) for b in params["branches"]
+    )
     return {**params, "branches": branches}, invals
 
 

@@ -250,6 +250,10 @@ INSIDE_THE_BODY = {
         )[0]
     ),
     "scan_over_W": lambda x: x + lax.scan(lambda c, w: (c, jnp.tanh(w @ x)), 0.0, W)[1],
+    # branches whose outputs vary alike when traced, not when replayed
+    "cond_made_in_a_branch": lambda x: (
+        x * lax.cond(x[0] > 0, lambda: jnp.tanh(W).sum(0), lambda: jnp.ones(3))
+    ),
 }
 REFERENCES = {"bl.while_loop": lambda x: unrolled(x)[STEPS - 1]}
 # `lax.while_loop` has no reverse mode: forward mode only
