@@ -546,3 +546,28 @@ def test_fuzz_against_numpy(program, transform):
             file.write(json.dumps(finding) + "\n")
     # float32 through at most 6 steps; a wrong read is off by 1e-2 or more
     assert error <= 1e-4 * (1 + np.max(np.abs(truth), initial=0.0)), (program, error)
+
+
+@pytest.mark.parametrize(
+    "inside",
+    [
+        pytest.param(k, marks=() if k == "bl.while_loop" else pytest.mark.slow)
+        for k in INSIDE_THE_BODY
+    ],
+)
+def test_shard_map_vmapped_body_runs(inside):
+    """The scaling guide's pattern, `vmap` inside `shard_map` (two elements per
+    device), with each body of `test_shard_map_body_runs`: `grad` (`jvp` where
+    there is no reverse mode) against the unrolled steps on the host."""
+    ours_fn, _ = _outer(INSIDE_THE_BODY[inside])
+    _, reference = _outer(REFERENCES.get(inside, INSIDE_THE_BODY[inside]))
+    mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    spec = jax.sharding.PartitionSpec("data")
+    batched = jax.shard_map(jax.vmap(ours_fn), mesh=mesh, in_specs=spec, out_specs=spec)
+    if inside in FORWARD_ONLY:
+        apply = SHARD_MAP_TRANSFORMS["jvp"]
+    else:
+        apply = SHARD_MAP_TRANSFORMS["grad"]
+    xs = jnp.stack([X0, -0.5 * X0])
+    expected = on_host(apply(jax.vmap(reference)))(xs)
+    assert tree_allclose(jax.jit(apply(batched))(xs), expected, rtol=1e-4, atol=1e-4)
