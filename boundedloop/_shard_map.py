@@ -26,6 +26,7 @@ from jax import lax
 
 
 def varying_axes(x) -> frozenset:
+    """The manual mesh axes that `x` (an array or its type) varies over."""
     kind = getattr(x, "manual_axis_type", None)
     if kind is None:
         kind = jax.typeof(x).manual_axis_type
