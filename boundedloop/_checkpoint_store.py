@@ -32,14 +32,17 @@ class Storage(eqx.Module):
     packed: dict[str, Array]
     treedef: Any = eqx.field(static=True)
     columns: tuple = eqx.field(static=True)  # per leaf: `(dtype name, column)` or None
+    # whether the sweeps keep every array small (`_cost_model.runs_in_order`): the
+    # forward decides, and the reverse reads it here
+    in_order: bool = eqx.field(static=True, default=False)
 
 
-def empty(carry, slots: int, perturbed=None, pack: bool = True) -> Storage:
+def empty(carry, slots: int, perturbed=None, in_order: bool = False) -> Storage:
     """Storage for `slots` copies of `carry` (a pytree of arrays), each row sharded
     (on a mesh with explicit axes) as the carry is. `perturbed`, one bool per leaf
     (or `None`: none known), keeps floating scalars that are perturbed apart from
-    those that are not. Without `pack`, no leaves are packed (each stacked array
-    stays as small as its leaf allows: see `_cost_model.runs_in_order`)."""
+    those that are not. `in_order` (see `_cost_model.runs_in_order`): no leaves are
+    packed, so each stacked array stays as small as its leaf allows."""
     leaves, treedef = jtu.tree_flatten(carry)
     # Extended dtypes (typed PRNG keys) are never packed: they cannot be stacked
     # with others, and NumPy cannot name them. Floating leaves are packed only with
@@ -62,7 +65,8 @@ def empty(carry, slots: int, perturbed=None, pack: bool = True) -> Storage:
     scalars = [pack_name(x, p) for x, p in zip(leaves, perturbed)]
     # a dtype with one scalar keeps its own array: nothing to save by packing it
     names = [
-        n if pack and n is not None and scalars.count(n) > 1 else None for n in scalars
+        n if not in_order and n is not None and scalars.count(n) > 1 else None
+        for n in scalars
     ]
     columns = [
         None if n is None else (n, names[:k].count(n)) for k, n in enumerate(names)
@@ -78,7 +82,7 @@ def empty(carry, slots: int, perturbed=None, pack: bool = True) -> Storage:
         name: jnp.zeros((slots, count), jnp.dtype(name.split("/")[0]))
         for name, count in counts.items()
     }
-    return Storage(arrays, packed, treedef, tuple(columns))
+    return Storage(arrays, packed, treedef, tuple(columns), in_order)
 
 
 def load(storage: Storage, slot):
@@ -117,7 +121,7 @@ def store(storage: Storage, slot, carry, when=True) -> Storage:
             x for x, c in zip(leaves, storage.columns) if c is not None and c[0] == name
         ]
         packed[name] = _write(p, jnp.stack(row), slot, when)
-    return Storage(arrays, packed, storage.treedef, storage.columns)
+    return Storage(arrays, packed, storage.treedef, storage.columns, storage.in_order)
 
 
 class CheckpointStore(NamedTuple):

@@ -72,6 +72,8 @@ def _replay(jaxpr, consts, args):
 
     env.update(zip(jaxpr.constvars, consts))
     env.update(zip(jaxpr.invars, args))
+    # only inside `shard_map` can a value vary more than when it was traced
+    in_shard_map = bool(jax.sharding.get_abstract_mesh().manual_axes)
     for eqn in jaxpr.eqns:
         invals = [read(v) for v in eqn.invars]
         # as `eval_jaxpr` does: keep the equation's source location and name stack
@@ -86,7 +88,7 @@ def _replay(jaxpr, consts, args):
                 out = out if eqn.primitive.multiple_results else out[0]
             else:
                 params = eqn.params
-                if _more_varying(eqn.invars, invals):
+                if in_shard_map and _more_varying(eqn.invars, invals):
                     params, invals = _retyped_equation(eqn.primitive, params, invals)
                 params = eqn.primitive.get_bind_params(params)
                 out = eqn.primitive.bind(*invals, **params)

@@ -148,11 +148,11 @@ def _store_event(rule, t, x, stores: _Stores, going) -> _Stores:
 
 
 def _initial_stores(
-    loop: TracedLoop, slots: int, perturbed=None, pack: bool = True
+    loop: TracedLoop, slots: int, perturbed=None, in_order: bool = False
 ) -> _Stores:
     """Empty storage; the rule's state comes with the first store."""
     return _Stores(
-        _checkpoint_store.empty(loop.init, slots, perturbed, pack),
+        _checkpoint_store.empty(loop.init, slots, perturbed, in_order),
         jnp.full((slots,), _checkpoint_store.UNUSED, jnp.int32),
         None,
         jnp.array(0, jnp.int32),
@@ -229,7 +229,7 @@ def checkpointed_sweep(loop: TracedLoop, config: LoopConfig, perturbed=None):
     zero = jnp.array(0, jnp.int32)
     written = None if loop.checked_body is None else _masks(loop.bufs)
     stepping = (zero, loop.init, loop.bufs, written, zero)
-    stores = _initial_stores(loop, slots, perturbed, pack=not in_order)
+    stores = _initial_stores(loop, slots, perturbed, in_order)
     if rule is None:
         outer = store_every_step
     else:

@@ -144,16 +144,8 @@ def make_sweep(
         config.checkpoints,
         # the same for every `max_steps`: the split reads a row of the table, so a
         # narrower one would make temporary memory depend on `max_steps`
-        split_rule(
-            config.checkpoints,
-            SPLIT_LENGTH,
-            _cost_model.runs_in_order(
-                step.body,
-                config.checkpoints,
-                config.max_steps,
-                (tape.storage, tape.bufs),
-            ),
-        ),
+        # (`in_order`: as the forward sweep decided, `_cost_model.runs_in_order`)
+        split_rule(config.checkpoints, SPLIT_LENGTH, tape.storage.in_order),
         _cost_model.is_cheap(step.body),
         config.max_steps is not None and config.checkpoints >= config.max_steps,
         sorted_pos,
