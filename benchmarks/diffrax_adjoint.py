@@ -1,7 +1,7 @@
 """diffrax's `diffeqsolve` on `boundedloop.diffrax.CheckpointedAdjoint` against
 diffrax's own adjoints, side by side in one process.
 
-    python benchmarks/diffrax_adjoint.py [--workload neural|long] [--rounds 20] [--out FILE]
+    python benchmarks/diffrax_adjoint.py [--workload neural|long] [--rounds 20] [--compile-repeats 1] [--out FILE]
 
 Workloads (Tsit5 with a PID controller at rtol = atol = 1e-5, SaveAt(t1), gradient
 with respect to the vector field's parameters):
@@ -16,7 +16,8 @@ with respect to the vector field's parameters):
   no `jacfwd` (200000 columns).
 
 Reported per adjoint: gradient time (medians of interleaved rounds after warm-up),
-trace + lower and XLA compile times separately, compiled temporary memory, steps
+trace + lower and XLA compile times separately (with `--compile-repeats` above 1,
+medians of that many less one compiles from cleared caches, interleaved), compiled temporary memory, steps
 taken; and `jax.jvp` / `jax.jacfwd` time against `ForwardMode`. Prints markdown
 tables; ratios are within this run. The JSON records the workload, its parameters
 and the rounds beside the rows.
@@ -34,7 +35,7 @@ import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from _common import temp_bytes
+from _common import clear_caches, temp_bytes
 from _format import index, load, milliseconds, nbytes, page, table
 
 from boundedloop.diffrax import CheckpointedAdjoint
@@ -117,11 +118,38 @@ def compile_parts(fn, *args):
     return t1 - t0, time.perf_counter() - t1, compiled
 
 
+def recompile(cases, rows, order, repeats, rng):
+    """Compiles every case `repeats` times more, the cases interleaved in a new
+    order each time and each from cleared caches; each row's times become the
+    medians of those compiles (the first compile, a warm-up, is left out)."""
+    if repeats < 1:
+        return
+    samples = {key: [] for key in order}
+    for _ in range(repeats):
+        rng.shuffle(order)
+        for key in order:
+            clear_caches()
+            fn, fn_args = cases[key]
+            samples[key].append(compile_parts(fn, *fn_args)[:2])
+    for key, parts in samples.items():
+        rows[key]["trace_lower_s"] = statistics.median(p[0] for p in parts)
+        rows[key]["compile_s"] = statistics.median(p[1] for p in parts)
+        rows[key]["compile_repeats"] = repeats
+        print(key, "compile s:", " ".join(f"{p[1]:.2f}" for p in parts), flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="neural")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--out", default=None)
+    parser.add_argument(
+        "--compile-repeats",
+        type=int,
+        default=1,
+        help="compiles per program, interleaved, each from cleared caches, after "
+        "the first (a warm-up when above 1); medians are kept",
+    )
     args = parser.parse_args()
     use(WORKLOADS[args.workload])
     if args.out is None:
@@ -198,6 +226,7 @@ def main():
         )
     order = list(compiled)
     rng = random.Random(0)
+    recompile(cases, rows, order, args.compile_repeats - 1, rng)
     for _ in range(args.rounds):
         rng.shuffle(order)
         for key in order:
@@ -237,7 +266,12 @@ def main():
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     parameters = dict(workload=args.workload, **WORKLOADS[args.workload]._asdict())
-    results = dict(**parameters, rounds=args.rounds, steps=steps)
+    results = dict(
+        **parameters,
+        rounds=args.rounds,
+        compile_repeats=args.compile_repeats,
+        steps=steps,
+    )
     out.write_text(json.dumps({**results, "rows": list(rows.values())}, indent=1))
 
 
