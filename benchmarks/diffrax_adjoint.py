@@ -320,6 +320,18 @@ def adjoint_name(adjoint: str, max_steps: int) -> str:
     return f"`{adjoint}`"
 
 
+def compiles(run: dict) -> str:
+    """How a run's compile times were taken, where it compiled each program more
+    than once."""
+    repeats = run.get("compile_repeats", 1) - 1
+    if repeats < 1:
+        return ""
+    return (
+        f", compile times medians of {repeats} interleaved compiles from cleared "
+        "caches after a warm-up"
+    )
+
+
 def diffrax_table(workload: str) -> str:
     """One workload of the diffrax benchmark: each mode and adjoint, its time and
     its ratios to diffrax's adjoint for the mode (the diffrax guide)."""
@@ -336,7 +348,8 @@ def diffrax_table(workload: str) -> str:
     header = ["mode", "adjoint", "time", "ratio", "trace + compile ratio"]
     return page(
         f"{run['steps']} steps of `max_steps={max_steps}`; medians of {run['rounds']} "
-        f"interleaved rounds (`benchmarks/results/diffrax_adjoint_{workload}.json`):",
+        f"interleaved rounds{compiles(run)} "
+        f"(`benchmarks/results/diffrax_adjoint_{workload}.json`):",
         table([*header, "temp memory"], cells, left=2),
         "At the same checkpoint count, `CheckpointedAdjoint(16)` takes "
         f"{ours / theirs:.2f} times `RecursiveCheckpointAdjoint(16)`'s time "
