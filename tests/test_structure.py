@@ -1,5 +1,7 @@
 """Exact structural facts: body evaluations, recomputation order, program size."""
 
+import sys
+
 import jax
 import jax.extend.core
 import jax.numpy as jnp
@@ -401,6 +403,46 @@ def test_body_traced_once_at_any_depth(depth, reads):
     counter.clear()
     jax.make_jaxpr(jax.grad(f))(x)
     assert len(counter) == 1
+
+
+def test_forward_mode_traces_the_steps_jvp_once(monkeypatch):
+    """`jax.jvp` of a loop whose perturbation reaches one more carry leaf each step
+    (a chain of four): the loop finds the perturbed leaves once
+    (`perturbed_leaves`) and seeds `lax.while_loop`'s JVP with them, so its
+    fixed point traces the step's JVP once, not once per leaf reached."""
+    from jax._src.interpreters import ad as jax_ad  # the rule looks it up here
+
+    while_rounds = []
+    original = jax_ad.jvp_jaxpr
+
+    def counting(*args, **kwargs):
+        if sys._getframe(1).f_code.co_name == "_while_loop_jvp":
+            while_rounds.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(jax_ad, "jvp_jaxpr", counting)
+
+    def f(a):
+        def body(c):
+            a, b, c, d, i = c
+            return 1.1 * a, a + b, b + c, c + d, i + 1
+
+        zero = jnp.float32(0.0)
+        init = (a, zero, zero, zero, 0)
+        return bl.while_loop(lambda c: c[4] < 5, body, init, max_steps=8)[3]
+
+    one = jnp.float32(1.0)
+    result = jax.jvp(f, (one,), (one,))
+    # none at all: JAX renamed the rule or `jvp_jaxpr`; four before the seeding
+    assert len(while_rounds) == 1
+
+    def unrolled(a):
+        c = (a, 0.0, 0.0, 0.0)
+        for _ in range(5):
+            c = (1.1 * c[0], c[0] + c[1], c[1] + c[2], c[2] + c[3])
+        return c[3]
+
+    assert tree_allclose(result, on_host(jax.jvp)(unrolled, (one,), (one,)))
 
 
 def test_body_traced_again_only_when_promotion_changes_a_type():
