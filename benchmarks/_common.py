@@ -5,13 +5,12 @@ import pathlib
 import platform
 import random
 import statistics
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
 from jax import lax
-
-from boundedloop import _schedule
 
 
 def nested_scan_loop(cond_fun, body_fun, init, max_steps, base=2):
@@ -183,10 +182,14 @@ def euler_step(w, b, counter=None):
 
 def clear_caches():
     """Forget every trace and compile, JAX's (jitted functions inside the one
-    measured, such as diffrax's `diffeqsolve`, included) and our schedule's tables:
-    the next compile costs what a fresh process's would."""
-    for name in dir(_schedule):
-        fn = getattr(_schedule, name)
-        if hasattr(fn, "cache_clear"):
-            fn.cache_clear()
+    measured, such as diffrax's `diffeqsolve`, included) and every table boundedloop
+    caches (the schedule's, the store rule's): the next compile costs what a fresh
+    process's would."""
+    for module in [
+        m for name, m in sys.modules.items() if name.startswith("boundedloop")
+    ]:
+        for name in dir(module):
+            fn = getattr(module, name)
+            if callable(getattr(fn, "cache_clear", None)):
+                fn.cache_clear()
     jax.clear_caches()

@@ -136,6 +136,7 @@ def recompile(cases, rows, order, repeats, rng):
         rows[key]["trace_lower_s"] = statistics.median(p[0] for p in parts)
         rows[key]["compile_s"] = statistics.median(p[1] for p in parts)
         rows[key]["compile_repeats"] = repeats
+        print(key, "trace+lower s:", " ".join(f"{p[0]:.2f}" for p in parts))
         print(key, "compile s:", " ".join(f"{p[1]:.2f}" for p in parts), flush=True)
 
 
