@@ -8,7 +8,6 @@ import dataclasses
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import jax.tree_util as jtu
 
 from ._checks import check_stopped
@@ -16,6 +15,7 @@ from ._forward_sweeps import plain_sweep
 from ._jvp_primitive import custom_jvp_spec, Passes, Primal, Spec
 from ._leaves import fill, pick
 from ._loop_parts import LoopParts, Residuals
+from ._perturbation import seeded_tangents
 from ._reverse_sweep import reverse_sweep
 from ._second_order import ReverseOverAnything
 from ._shard_map import vary_everywhere
@@ -59,7 +59,9 @@ class LoopJVP:
         loop = self.parts.loop(leaves)
         if loop.checked_body is not None:  # `bl.buffer_checks`: a debugging mode
             return self.two_pass(leaves, t_in)
-        varying, fixed, t_varying = self._seeded(loop, t_in)
+        varying, fixed, t_varying = seeded_tangents(
+            loop.differentiable(), self.parts.wanted, self.parts.perturbed, t_in
+        )
 
         # `bl.max_steps_check`'s error is attached below, to the tangents as well
         unchecked = dataclasses.replace(self.parts.config, stop_check=None)
@@ -78,32 +80,6 @@ class LoopJVP:
             x, bufs, t_out = check_stopped(loop, (x, bufs, t_out), name, max_steps)
         return jtu.tree_leaves((x, bufs)) + t_out
 
-    def _seeded(self, loop: TracedLoop, t_in):
-        """`(varying, fixed, tangents)` for `jax.jvp` of the loop: the wanted leaves
-        with their tangents `t_in`, and every other perturbed carry leaf with a
-        zero tangent. Seeded so, `lax.while_loop`'s JVP finds its fixed point of
-        perturbed leaves (the one `perturbed_leaves` found) at its first trace
-        of the body, rather than tracing the body once per round it grows."""
-        w_body, w_init, w_bufs = self.parts.wanted
-        p = self.parts.perturbed
-        seeded = (
-            w_body,
-            tuple(bool(w or q) for w, q in zip(w_init, p.x)),
-            tuple(bool(w or q) for w, q in zip(w_bufs, p.bufs)),
-        )
-        varying, fixed = eqx.partition(loop.differentiable(), seeded)
-        given = iter(t_in)
-        t_flat = [
-            next(given) if w else jnp.zeros_like(v)
-            for w, s, v in zip(
-                jtu.tree_leaves(self.parts.wanted),
-                jtu.tree_leaves(seeded),
-                jtu.tree_leaves(loop.differentiable()),
-            )
-            if s
-        ]
-        return varying, fixed, jtu.tree_unflatten(jtu.tree_structure(varying), t_flat)
-
     def two_pass(self, leaves, t_in) -> list:
         """`checkpointed_sweep`, and the tangent as `loop_tangent` over its tape:
         evaluated, the JVP of `replay_sweep`; transposed, `reverse_sweep`."""
@@ -121,7 +97,9 @@ class LoopJVP:
 
         def jvp_fn(res_leaves, t_in):
             body, _, x, tape = residuals.unpack(res_leaves)
-            t_out = replay_tangent((body, x, tape), wanted, t_in, config.layout)
+            t_out = replay_tangent(
+                (body, x, tape), wanted, self.parts.perturbed, t_in, config.layout
+            )
             return [t for t, f in zip(jtu.tree_leaves(t_out), out_perturbed) if f]
 
         def reverse(operands):

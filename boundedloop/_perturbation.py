@@ -14,7 +14,9 @@ Dependence is read off the body's JVP with symbolic zeros (`jvp_jaxpr`, as
 
 from typing import NamedTuple
 
+import equinox as eqx
 import jax.extend.core
+import jax.numpy as jnp
 import jax.tree_util as jtu
 
 from ._closure import ClosureConverted
@@ -80,3 +82,28 @@ def has_tangent(tangents) -> list[bool]:
     return [
         t is not None for t in jtu.tree_leaves(tangents, is_leaf=lambda t: t is None)
     ]
+
+
+def seeded_tangents(tree, wanted, perturbed: Perturbed, t_in):
+    """`(varying, fixed, tangents)` for `jax.jvp` of a sweep over `tree`, a
+    `(body, init, bufs)`: the `wanted` leaves with their tangents `t_in`, and every
+    other `perturbed` carry leaf with a zero tangent. Seeded so, `lax.while_loop`'s
+    JVP finds its fixed point of perturbed leaves (the one `perturbed_leaves`
+    found) at its first trace of the step, rather than tracing the step's JVP once
+    per round in which the perturbation reaches another leaf."""
+    w_body, w_init, w_bufs = wanted
+    seeded = (
+        w_body,
+        tuple(bool(w or p) for w, p in zip(w_init, perturbed.x)),
+        tuple(bool(w or p) for w, p in zip(w_bufs, perturbed.bufs)),
+    )
+    varying, fixed = eqx.partition(tree, seeded)
+    given = iter(t_in)
+    t_flat = [
+        next(given) if w else jnp.zeros_like(v)
+        for w, s, v in zip(
+            jtu.tree_leaves(wanted), jtu.tree_leaves(seeded), jtu.tree_leaves(tree)
+        )
+        if s
+    ]
+    return varying, fixed, jtu.tree_unflatten(jtu.tree_structure(varying), t_flat)

@@ -27,13 +27,13 @@ import equinox as eqx
 import jax
 import jax.extend.core
 import jax.numpy as jnp
-import jax.tree_util as jtu
 from jax.interpreters import ad, batching, mlir
 
 from ._batching import sum_unbatched
 from ._dtypes import is_inexact
 from ._forward_sweeps import replay_sweep
 from ._leaves import fill, jvp_at
+from ._perturbation import seeded_tangents
 from ._shard_map import sum_over_devices, vary_everywhere
 
 
@@ -182,7 +182,7 @@ def _residual_tangent(residuals, linear, floating, float_d, of_floats, params):
     )
 
 
-def replay_tangent(primals, wanted, t_in, layout):
+def replay_tangent(primals, wanted, perturbed, t_in, layout):
     """The loop's forward-mode tangent: the JVP of `replay_sweep`.
 
     **Arguments:**
@@ -190,6 +190,7 @@ def replay_tangent(primals, wanted, t_in, layout):
     - `primals`: `(body, x, tape)`, the traced body, the initial carry and the
         checkpointed sweep's `CheckpointStore`.
     - `wanted`: bools shaped like `(body, x, bufs)`: which leaves have tangents.
+    - `perturbed`: the carry's perturbed leaves (`perturbed_leaves`).
     - `t_in`: those tangents, flat.
     - `layout`: the carry's `Layout`.
 
@@ -200,8 +201,9 @@ def replay_tangent(primals, wanted, t_in, layout):
     body, x, tape = primals
     # the final buffers stand in for the initial ones: every value the loop reads
     # is written before and never changes (each location is written once)
-    varying, fixed = eqx.partition((body, x, tape.bufs), wanted)
-    t_varying = jtu.tree_unflatten(jtu.tree_structure(varying), t_in)
+    varying, fixed, t_varying = seeded_tangents(
+        (body, x, tape.bufs), wanted, perturbed, t_in
+    )
 
     def replay(varying):
         body, x, bufs = vary_everywhere(eqx.combine(varying, fixed))

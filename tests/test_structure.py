@@ -405,9 +405,11 @@ def test_body_traced_once_at_any_depth(depth, reads):
     assert len(counter) == 1
 
 
-def test_forward_mode_traces_the_steps_jvp_once(monkeypatch):
+@pytest.mark.parametrize("transform", ["jvp", "linearize"])
+def test_forward_mode_traces_the_steps_jvp_once(monkeypatch, transform):
     """`jax.jvp` of a loop whose perturbation reaches one more carry leaf each step
-    (a chain of four): the loop finds the perturbed leaves once
+    (a chain of four), and a `jax.linearize`d one applied (the tangent replayed from
+    the checkpoints): the loop finds the perturbed leaves once
     (`perturbed_leaves`) and seeds `lax.while_loop`'s JVP with them, so its
     fixed point traces the step's JVP once, not once per leaf reached."""
     from jax._src.interpreters import ad as jax_ad  # the rule looks it up here
@@ -432,7 +434,11 @@ def test_forward_mode_traces_the_steps_jvp_once(monkeypatch):
         return bl.while_loop(lambda c: c[4] < 5, body, init, max_steps=8)[3]
 
     one = jnp.float32(1.0)
-    result = jax.jvp(f, (one,), (one,))
+    if transform == "jvp":
+        result = jax.jvp(f, (one,), (one,))
+    else:
+        value, f_jvp = jax.linearize(f, one)
+        result = value, f_jvp(one)
     # none at all: JAX renamed the rule or `jvp_jaxpr`; four before the seeding
     assert len(while_rounds) == 1
 
