@@ -125,16 +125,16 @@ def _carry_fixed_point(retype, invals, carry: slice):
     """`retype(avals) -> (params, carry_out_avals)` for the operands `invals`, with
     the carry operands cast to vary wherever the step makes them vary (as
     `lax.while_loop` and `lax.scan` do when traced)."""
-    invals, last = list(invals), {}
+    invals = list(invals)
 
-    def step_types(carry_vals):
+    def step(carry_vals):
         operands = list(invals)
         operands[carry] = carry_vals
-        last["params"], out = retype([jax.typeof(x) for x in operands])
-        return out
+        params, out = retype([jax.typeof(x) for x in operands])
+        return out, params
 
-    invals[carry] = vary_as_stepped(invals[carry], step_types)
-    return last["params"], invals
+    invals[carry], params = vary_as_stepped(invals[carry], step)
+    return params, invals
 
 
 def _retyped(jaxpr, consts, avals, out_axes=None):
@@ -209,12 +209,13 @@ def _retyped_cond(params, invals):
     avals = [jax.typeof(x) for x in invals[1:]]
     branches = [_retyped(b.jaxpr, b.consts, avals) for b in params["branches"]]
     # the branches' outputs must vary alike, as tracing makes them
-    outs = zip(*(b.out_avals for b in branches))
-    axes = [frozenset().union(*map(varying_axes, out)) for out in outs]
-    branches = tuple(
-        _retyped(b.jaxpr, b.consts, avals, axes) for b in params["branches"]
-    )
-    return {**params, "branches": branches}, invals
+    outs = [[varying_axes(a) for a in b.out_avals] for b in branches]
+    axes = [frozenset().union(*out) for out in zip(*outs)]
+    if any(out != axes for out in outs):  # trace again, casting where they differ
+        branches = [
+            _retyped(b.jaxpr, b.consts, avals, axes) for b in params["branches"]
+        ]
+    return {**params, "branches": tuple(branches)}, invals
 
 
 def _retyped_remat(params, invals):

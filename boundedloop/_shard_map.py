@@ -18,6 +18,8 @@ cotangents of inputs that were the same on every device are summed across device
 once, afterwards (`sum_over_devices`).
 """
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
@@ -74,23 +76,24 @@ def varying_while_loop(cond_fun, body_fun, init_val):
         return lax.while_loop(cond_fun, body_fun, init_val)
     leaves, treedef = jtu.tree_flatten(init_val)
 
-    def step_types(leaves):
+    def step(leaves):
         init_val = jtu.tree_unflatten(treedef, leaves)
-        return jtu.tree_leaves(jax.eval_shape(body_fun, init_val))
+        return jtu.tree_leaves(jax.eval_shape(body_fun, init_val)), None
 
-    init_val = jtu.tree_unflatten(treedef, vary_as_stepped(leaves, step_types))
-    return lax.while_loop(cond_fun, body_fun, init_val)
+    leaves, _ = vary_as_stepped(leaves, step)
+    return lax.while_loop(cond_fun, body_fun, jtu.tree_unflatten(treedef, leaves))
 
 
-def vary_as_stepped(carry: list, step_types) -> list:
+def vary_as_stepped(carry: list, step) -> tuple[list, Any]:
     """A loop's initial `carry` (a list of arrays), cast to vary wherever its step
-    makes it vary: `step_types(carry)` is the types of the step's outputs."""
+    makes it vary. `step(carry) -> (types of the step's outputs, anything)`; returns
+    the cast carry and the second result of `step` on it."""
     # each pass widens at least one leaf's axes, so this reaches a fixed point
     for _ in range(len(carry) + 1):
-        out = step_types(carry)
+        out, result = step(carry)
         missing = [varying_axes(o) - varying_axes(x) for x, o in zip(carry, out)]
         if not any(missing):
-            return carry
+            return carry, result
         carry = [vary(x, m) for x, m in zip(carry, missing)]
     raise AssertionError("boundedloop internal error: carry types do not settle")
 

@@ -290,15 +290,18 @@ def _outer(inner):
     return f, reference
 
 
-# the default run: `grad` (which runs the forward too), or `jvp` where there is no
-# reverse mode; `-m slow`: every transform
+def _first_transform(inside: str) -> str:
+    """The default run's transform of a body: `grad` (which runs the forward too),
+    or `jvp` where there is no reverse mode."""
+    return "jvp" if inside in FORWARD_ONLY else "grad"
+
+
+# the default run: `_first_transform`; `-m slow`: every transform
 SHARD_MAP_GRID = [
     pytest.param(
         inside,
         transform,
-        marks=()
-        if transform == ("jvp" if inside in FORWARD_ONLY else "grad")
-        else pytest.mark.slow,
+        marks=() if transform == _first_transform(inside) else pytest.mark.slow,
     )
     for inside in INSIDE_THE_BODY
     for transform in SHARD_MAP_TRANSFORMS
@@ -564,10 +567,7 @@ def test_shard_map_vmapped_body_runs(inside):
     mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
     spec = jax.sharding.PartitionSpec("data")
     batched = jax.shard_map(jax.vmap(ours_fn), mesh=mesh, in_specs=spec, out_specs=spec)
-    if inside in FORWARD_ONLY:
-        apply = SHARD_MAP_TRANSFORMS["jvp"]
-    else:
-        apply = SHARD_MAP_TRANSFORMS["grad"]
+    apply = SHARD_MAP_TRANSFORMS[_first_transform(inside)]
     xs = jnp.stack([X0, -0.5 * X0])
     expected = on_host(apply(jax.vmap(reference)))(xs)
     assert tree_allclose(jax.jit(apply(batched))(xs), expected, rtol=1e-4, atol=1e-4)
