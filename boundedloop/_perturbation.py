@@ -10,6 +10,8 @@ no work for it.
 
 Dependence is read off the body's JVP with symbolic zeros (`jvp_jaxpr`, as
 `lax.while_loop` does), so `stop_gradient` and custom JVP rules are respected.
+Forward mode hands the answer on to `lax.while_loop`'s JVP (`seeded_tangents`), so
+that its own search ends at its first round.
 """
 
 from typing import NamedTuple
