@@ -201,6 +201,13 @@ def main():
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--loop-steps", action="store_true")
     parser.add_argument("--out", default=None)
+    parser.add_argument(
+        "--sizes",
+        nargs="+",
+        default=None,
+        metavar="BxWxN",
+        help="batch x width x steps, e.g. 64x512x256 (default: SIZES)",
+    )
     args = parser.parse_args()
     if args.loop_steps:
         rows = loop_steps(args.rounds)
@@ -209,7 +216,10 @@ def main():
         return
     args.out = args.out or "benchmarks/results/cheap_threshold.json"
     rows = []
-    for batch, width, n in SIZES:
+    sizes = SIZES
+    if args.sizes:
+        sizes = [tuple(map(int, size.split("x"))) for size in args.sizes]
+    for batch, width, n in sizes:
         exes, compile_s = {}, {k: [] for k in STRUCTURES}
         for _ in range(3):
             for name, nested in STRUCTURES.items():
