@@ -2,7 +2,7 @@
 `x <- tanh(x @ W)` at growing work per step, with the nested structure forced on and
 forced off (`_cost_model.is_cheap`), side by side in one process.
 
-    python benchmarks/cheap_threshold.py [--rounds 15] [--out FILE] > benchmarks/results/cheap_threshold.txt
+    python benchmarks/cheap_threshold.py [--rounds 15] [--sizes BxWxN ...] [--out FILE] > benchmarks/results/cheap_threshold.txt
     python benchmarks/cheap_threshold.py --loop-steps [--out FILE] > benchmarks/results/cheap_threshold_loop_steps.txt
 
 A state of shape (batch, width), `max_steps=4096`, 16 checkpoints, `n` steps (a
@@ -10,7 +10,10 @@ traced counter), gradient with respect to `W`. Reported per size: the work per s
 (`_cost_model.work`: a product's multiply-adds counted twice), gradient time (medians
 of interleaved rounds after warm-up) and XLA compile time (median of 3) with each
 structure, and the while loops each compiled program has. `HEAVY_WORK` in
-`boundedloop/_cost_model.py` is chosen from these figures.
+`boundedloop/_cost_model.py` is chosen from these figures on a CPU; on a TPU
+(`cheap_threshold_tpu.txt`, and `--sizes` up to the headline's step in
+`cheap_threshold_large_tpu.txt`) the nested structure paid at every size, and the
+limit does not apply there. `--sizes 64x512x256 ...` replaces `SIZES`.
 
 `--loop-steps`: steps that run a loop of their own, under `is_cheap` ("nested": many
 light equations are cheap, loop or not) and a candidate rule that session 35

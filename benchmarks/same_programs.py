@@ -13,14 +13,17 @@ our adjoints. Each tree runs in a process of its own (`PYTHONPATH` set to a git
 worktree for `REV`). Prints one line a program and the count that differ; the
 results file (default `benchmarks/results/same_programs.txt`) holds the lines.
 
-The programs are lowered on the host CPU. The one choice of ours that depends on the
-backend is `_cost_model.runs_in_order` (a CPU's loops of small arrays); with
-`--off-cpu` it is made as off a CPU, so that the programs are those a TPU would get
+The programs are lowered on the host CPU. The choices of ours that depend on the
+backend are `_cost_model.runs_in_order` (a CPU's loops of small arrays) and
+`_cost_model.is_cheap` (a TPU's nested loops at any work); with `--off-cpu` they
+are made as on a TPU, so that the programs are those a TPU would get
 (results default `benchmarks/results/same_programs_off_cpu.txt`).
 """
 
 import argparse
+import functools
 import hashlib
+import inspect
 import os
 import pathlib
 import subprocess
@@ -43,8 +46,13 @@ def programs() -> dict:
     from boundedloop.diffrax import CheckpointedAdjoint
 
     if os.environ.get("SAME_PROGRAMS_OFF_CPU"):
-        # as `runs_in_order` decides on another backend (trees before it lack it)
+        # as `runs_in_order` and `is_cheap` decide on a TPU (trees before them
+        # lack them, or `is_cheap`'s `backend`)
         _cost_model.runs_in_order = lambda *args: False
+        if "backend" in inspect.signature(_cost_model.is_cheap).parameters:
+            _cost_model.is_cheap = functools.partial(
+                _cost_model.is_cheap, backend="tpu"
+            )
     from boundedloop.optimistix import CheckpointedAdjoint as SolveAdjoint
 
     w = jnp.array([[0.9, -0.4, 0.3], [0.2, 0.8, -0.5], [-0.3, 0.1, 0.7]])

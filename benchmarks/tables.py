@@ -59,6 +59,7 @@ GENERATORS = {
     "tpu_fuzz": made_by("correct_on_tpu", "tpu_fuzz_table"),
     "headline_tpu": made_by("headline", "headline_table"),
     "compile_tpu": made_by("headline", "compile_table"),
+    "cheap_structure_tpu": made_by("cheap_structure", "structure_table"),
     "diffrax_neural_tpu": made_by("diffrax_adjoint", "diffrax_table", "neural_tpu"),
 }
 

@@ -1,0 +1,218 @@
+"""Whether the reverse sweep's nested loops for cheap steps pay on a workload, with
+the structure forced each way: the headline's gradient (`headline.py`'s workload at
+`n=256`, `max_steps=1024`, 16 checkpoints) nested, plain and, as the reference,
+equinox's checkpointed loop; diffrax's neural ODE (`diffrax_adjoint.py`) nested and
+plain. XLA compile of fresh traces (`jax.clear_caches()` before each), the variants
+interleaved in a shuffled order each repetition, after one warm-up repetition; then
+the gradient's time, interleaved the same way. The chip's compile time varies by up
+to a factor of 2 between compiles of one program, so runs are pooled:
+
+    python benchmarks/cheap_structure.py [--workloads headline neural] [--repeats 8]
+        [--rounds 5] [--reverse-only] [--out benchmarks/results/cheap_structure_<platform>.json]
+
+appends a run to the results file. `--reverse-only` adds a variant for the headline
+with the nested reverse loop but the plain recomputation (a candidate, not a rule).
+`structure_table` pools every run of the file.
+"""
+
+import argparse
+import functools
+import json
+import pathlib
+import random
+import statistics
+import time
+
+import equinox as eqx
+import equinox.internal as eqxi
+import jax
+import jax.numpy as jnp
+from _common import clear_caches
+from _format import load, page, table
+
+import boundedloop as bl
+from boundedloop import _cost_model, _reverse_sweep
+
+
+IS_CHEAP, RECOMPUTE = _cost_model.is_cheap, _reverse_sweep.recompute
+FORCED = {
+    "nested": lambda body: True,
+    "plain": lambda body: False,
+    "reverse_only": lambda body: True,
+}
+
+
+def plain_recompute(sweep, end, stack):
+    """The recomputation as for steps that are not cheap."""
+    return RECOMPUTE(sweep._replace(cheap_steps=False), end, stack)
+
+
+def headline(kind: str, batch: int = 512, width: int = 4096):
+    """The headline's gradient, `kind` of loop, and its arguments."""
+    w = jax.random.normal(jax.random.key(0), (width, width)) / jnp.sqrt(width)
+    x = jax.random.normal(jax.random.key(1), (batch, width))
+
+    def loss(w, x, n):
+        def body(c):
+            return c[0] + 1, jnp.tanh(c[1] @ w)
+
+        def cond(c):
+            return c[0] < n
+
+        if kind == "equinox":
+            _, y = eqxi.while_loop(
+                cond, body, (0, x), max_steps=1024, kind="checkpointed", checkpoints=16
+            )
+        else:
+            _, y = bl.while_loop(cond, body, (0, x), max_steps=1024, checkpoints=16)
+        return jnp.mean(y**2)
+
+    return jax.jit(jax.grad(loss)), (w, x, 256)
+
+
+def neural(kind: str):
+    """diffrax's neural ODE's gradient through ours (`kind` is forced by `lower`)."""
+    import diffrax_adjoint
+
+    field, y0 = diffrax_adjoint.make_field(), jnp.ones(diffrax_adjoint.STATE)
+    adjoint = bl.diffrax.CheckpointedAdjoint()
+    grad = eqx.filter_grad(lambda f: diffrax_adjoint.loss(f, y0, adjoint))
+    return eqx.filter_jit(grad), (field,)
+
+
+WORKLOADS = {
+    "headline": (headline, ["nested", "plain", "equinox"]),
+    "neural": (neural, ["nested", "plain"]),
+}
+
+
+def lower(make, kind):
+    """`make(kind)`'s function lowered with the structure `kind` names forced."""
+    fn, args = make(kind)
+    _cost_model.is_cheap = FORCED.get(kind, IS_CHEAP)
+    if kind == "reverse_only":
+        _reverse_sweep.recompute = plain_recompute
+    try:
+        return fn.lower(*args), args
+    finally:
+        _cost_model.is_cheap, _reverse_sweep.recompute = IS_CHEAP, RECOMPUTE
+
+
+def whiles(compiled) -> int:
+    compiled = getattr(compiled, "compiled", compiled)  # equinox's wrapper
+    return compiled.as_text().count(" while(")
+
+
+def measure(make, kinds: list, repeats: int, rounds: int) -> dict:
+    compiles, exes = {k: [] for k in kinds}, {}
+    for r in range(repeats + 1):  # the first is a warm-up
+        random.Random(r).shuffle(kinds)
+        for kind in kinds:
+            clear_caches()
+            lowered, args = lower(make, kind)
+            t0 = time.perf_counter()
+            exes[kind] = lowered.compile(), args
+            if r:
+                compiles[kind].append(time.perf_counter() - t0)
+    times = {k: [] for k in kinds}
+    for r in range(rounds + 1):
+        random.Random(100 + r).shuffle(kinds)
+        for kind in kinds:
+            exe, args = exes[kind]
+            t0 = time.perf_counter()
+            jax.block_until_ready(exe(*args))
+            if r:
+                times[kind].append(time.perf_counter() - t0)
+    return {
+        kind: dict(
+            compiles=compiles[kind],
+            grad_s=statistics.median(times[kind]),
+            whiles=whiles(exes[kind][0]),
+        )
+        for kind in sorted(kinds)
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
+    parser.add_argument("--repeats", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--reverse-only", action="store_true")
+    parser.add_argument("--batch", type=int, default=512, help="the headline's B")
+    parser.add_argument("--width", type=int, default=4096, help="the headline's D")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    platform = jax.default_backend()
+    out = pathlib.Path(
+        args.out or f"benchmarks/results/cheap_structure_{platform}.json"
+    )
+    results = json.loads(out.read_text()) if out.exists() else {"runs": []}
+    run = dict(platform=platform, device=str(jax.devices()[0]), jax=jax.__version__)
+    run.update(repeats=args.repeats, rounds=args.rounds, workloads={})
+    run.update(batch=args.batch, width=args.width)
+    for name in args.workloads:
+        kinds = list(WORKLOADS[name][1])
+        if args.reverse_only and name == "headline":
+            kinds.append("reverse_only")
+        make = WORKLOADS[name][0]
+        if name == "headline":
+            make = functools.partial(headline, batch=args.batch, width=args.width)
+        run["workloads"][name] = measure(make, kinds, args.repeats, args.rounds)
+        print(name, json.dumps(run["workloads"][name]), flush=True)
+    results["runs"].append(run)
+    out.write_text(json.dumps(results, indent=1) + "\n")
+
+
+# the structure `_cost_model.is_cheap` picks on a TPU: the headline's step has few
+# equations, the neural ODE's many on 64-element arrays
+TPU_PICKS = {"headline": "nested", "neural": "plain"}
+LABELS = {
+    "nested": "nested",
+    "plain": "plain",
+    "reverse_only": "nested reverse, plain recomputation",
+    "equinox": "equinox checkpointed",
+}
+
+
+def structure_table(platform: str = "tpu") -> str:
+    """Each workload's variants over every run of the results file: gradient time
+    (median of the runs' medians), XLA compile (median of every compile) and its
+    ratio to the first variant's, the while loops."""
+    runs = load(f"cheap_structure_{platform}.json")["runs"]
+    cells = []
+    for workload in WORKLOADS:
+        found = [r["workloads"][workload] for r in runs if workload in r["workloads"]]
+        kinds = [k for k in LABELS if any(k in f for f in found)]
+        pooled = {
+            k: [c for f in found if k in f for c in f[k]["compiles"]] for k in kinds
+        }
+        base = statistics.median(pooled["plain"])
+        for kind in kinds:
+            grads = [f[kind]["grad_s"] for f in found if kind in f]
+            cells.append(
+                [
+                    workload,
+                    LABELS[kind]
+                    + (" (a TPU's)" if TPU_PICKS[workload] == kind else ""),
+                    f"{1e3 * statistics.median(grads):.1f} ms",
+                    f"{statistics.median(pooled[kind]):.2f} s",
+                    f"{statistics.median(pooled[kind]) / base:.2f}",
+                    len(pooled[kind]),
+                    next(f[kind]["whiles"] for f in found if kind in f),
+                ]
+            )
+    header = ["workload", "reverse sweep", "gradient", "XLA compile", "over plain"]
+    header += ["compiles", "while loops"]
+    return page(
+        f"On one {runs[0]['device']} ({len(runs)} runs of "
+        "`benchmarks/cheap_structure.py`, `benchmarks/results/"
+        f"cheap_structure_{platform}.json`): the gradient with the reverse sweep's "
+        "structure forced; gradient time the median of the runs' medians, XLA "
+        "compile the median of every compile of the runs.",
+        table(header, cells, left=2),
+    )
+
+
+if __name__ == "__main__":
+    main()
