@@ -6,8 +6,9 @@ one place. Each choice changes only speed and compile time, never a result.
   every step; each is one more loop (and copy of the step) for XLA to compile, which
   costs more the larger the body is. On a CPU they save next to nothing when the
   body's own arithmetic dominates; on a TPU they pay at any work, the nested
-  reverse loop keeping a large cotangent in place. (The forward sweep always runs its steps in a loop of their
-  own between stores: see `_forward_sweeps.checkpointed_sweep`.)
+  reverse loop keeping a large cotangent in place. (The forward sweep always runs
+  its steps in a loop of their own between stores: see
+  `_forward_sweeps.checkpointed_sweep`.)
 - **Loops that run in order** (`runs_in_order`): on a CPU, XLA runs a loop body's
   operations one after another on the calling thread when none of them touches
   more than `IN_ORDER_BYTES`; past that, as a graph of tasks on a thread pool,
