@@ -24,7 +24,6 @@ import statistics
 import time
 
 import equinox as eqx
-import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 from _common import clear_caches
@@ -48,26 +47,14 @@ def plain_recompute(sweep, end, stack):
 
 
 def headline(kind: str, batch: int = 512, width: int = 4096):
-    """The headline's gradient, `kind` of loop, and its arguments."""
-    w = jax.random.normal(jax.random.key(0), (width, width)) / jnp.sqrt(width)
-    x = jax.random.normal(jax.random.key(1), (batch, width))
+    """The headline's gradient (`headline.py`'s loss), `kind` of loop, and its
+    arguments."""
+    import headline
 
-    def loss(w, x, n):
-        def body(c):
-            return c[0] + 1, jnp.tanh(c[1] @ w)
-
-        def cond(c):
-            return c[0] < n
-
-        if kind == "equinox":
-            _, y = eqxi.while_loop(
-                cond, body, (0, x), max_steps=1024, kind="checkpointed", checkpoints=16
-            )
-        else:
-            _, y = bl.while_loop(cond, body, (0, x), max_steps=1024, checkpoints=16)
-        return jnp.mean(y**2)
-
-    return jax.jit(jax.grad(loss)), (w, x, 256)
+    loss = headline.loss_fn(
+        "equinox" if kind == "equinox" else "boundedloop", 256, 1024, 16
+    )
+    return jax.jit(jax.grad(loss)), (*headline.workload(batch, width), 256)
 
 
 def neural(kind: str):
