@@ -16,6 +16,7 @@ with the nested reverse loop but the plain recomputation (a candidate, not a rul
 """
 
 import argparse
+import contextlib
 import functools
 import json
 import pathlib
@@ -73,16 +74,24 @@ WORKLOADS = {
 }
 
 
-def lower(make, kind):
-    """`make(kind)`'s function lowered with the structure `kind` names forced."""
-    fn, args = make(kind)
+@contextlib.contextmanager
+def forced(kind: str):
+    """While in it, loops are lowered with the reverse sweep's structure `kind` (a
+    key of `FORCED`; any other: as `_cost_model.is_cheap` rules)."""
     _cost_model.is_cheap = FORCED.get(kind, IS_CHEAP)
     if kind == "reverse_only":
         _reverse_sweep.recompute = plain_recompute
     try:
-        return fn.lower(*args), args
+        yield
     finally:
         _cost_model.is_cheap, _reverse_sweep.recompute = IS_CHEAP, RECOMPUTE
+
+
+def lower(make, kind):
+    """`make(kind)`'s function lowered with the structure `kind` names forced."""
+    fn, args = make(kind)
+    with forced(kind):
+        return fn.lower(*args), args
 
 
 def whiles(compiled) -> int:

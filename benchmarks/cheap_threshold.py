@@ -13,7 +13,9 @@ structure, and the while loops each compiled program has. `HEAVY_WORK` in
 `boundedloop/_cost_model.py` is chosen from these figures on a CPU; on a TPU
 (`cheap_threshold_tpu.txt`, and `--sizes` up to the headline's step in
 `cheap_threshold_large_tpu.txt`) the nested structure paid at every size, and the
-limit does not apply there. `--sizes 64x512x256 ...` replaces `SIZES`.
+limit does not apply there. `--sizes 64x512x256 ...` replaces `SIZES`;
+`--reverse-only` adds a third structure, the nested reverse loop with the plain
+recomputation (`cheap_structure.py`'s candidate).
 
 `--loop-steps`: steps that run a loop of their own, under `is_cheap` ("nested": many
 light equations are cheap, loop or not) and a candidate rule that session 35
@@ -35,6 +37,7 @@ import jax
 import jax.extend.core
 import jax.numpy as jnp
 from _common import interleaved_medians, write_results
+from cheap_structure import forced
 from jax import lax
 from small_solves import solve
 
@@ -52,10 +55,9 @@ SIZES = [  # (batch, width, n)
     (8, 256, 500),
     (64, 256, 256),
 ]
-STRUCTURES = {"nested": True, "plain": False}
 
 
-def compiled(nested: bool, batch: int, width: int, n: int):
+def compiled(structure: str, batch: int, width: int, n: int):
     w = jax.random.normal(jax.random.key(0), (width, width)) / jnp.sqrt(width)
     x = jax.random.normal(jax.random.key(1), (batch, width))
 
@@ -68,12 +70,8 @@ def compiled(nested: bool, batch: int, width: int, n: int):
         )
         return jnp.mean(final[1] ** 2)
 
-    original = _cost_model.is_cheap
-    _cost_model.is_cheap = lambda body: nested
-    try:
+    with forced(structure):
         lowered = jax.jit(jax.grad(loss)).lower(w, x, n)
-    finally:
-        _cost_model.is_cheap = original
     t0 = time.perf_counter()
     exe = lowered.compile()
     return exe, (w, x, n), time.perf_counter() - t0
@@ -211,6 +209,11 @@ def main():
         metavar="BxWxN",
         help="batch x width x steps, e.g. 64x512x256 (default: SIZES)",
     )
+    parser.add_argument(
+        "--reverse-only",
+        action="store_true",
+        help="also the nested reverse loop with the plain recomputation",
+    )
     args = parser.parse_args()
     if args.loop_steps:
         rows = loop_steps(args.rounds)
@@ -222,11 +225,12 @@ def main():
     sizes = SIZES
     if args.sizes:
         sizes = [tuple(map(int, size.split("x"))) for size in args.sizes]
+    structures = ["nested", "plain"] + (["reverse_only"] if args.reverse_only else [])
     for batch, width, n in sizes:
-        exes, compile_s = {}, {k: [] for k in STRUCTURES}
+        exes, compile_s = {}, {k: [] for k in structures}
         for _ in range(3):
-            for name, nested in STRUCTURES.items():
-                exe, fn_args, seconds = compiled(nested, batch, width, n)
+            for name in structures:
+                exe, fn_args, seconds = compiled(name, batch, width, n)
                 exes[name] = (exe, fn_args)
                 compile_s[name].append(seconds)
         samples = {k: [] for k in exes}
@@ -244,7 +248,8 @@ def main():
             row[f"{name}_grad_ms"] = 1e3 * statistics.median(samples[name])
             row[f"{name}_compile_s"] = statistics.median(compile_s[name])
             row[f"{name}_whiles"] = exe.as_text().count(" while(")
-        row["plain_over_nested"] = row["plain_grad_ms"] / row["nested_grad_ms"]
+        for name in structures[1:]:
+            row[f"{name}_over_nested"] = row[f"{name}_grad_ms"] / row["nested_grad_ms"]
         rows.append(row)
         print(row, flush=True)
     print(
@@ -263,6 +268,17 @@ def main():
             f"| {r['nested_compile_s']:.3f} | {r['plain_compile_s']:.3f} "
             f"| {r['nested_whiles']} / {r['plain_whiles']} |"
         )
+    if args.reverse_only:
+        print(
+            "\n| batch x width | nested reverse, plain recomputation: ms | / nested "
+            "| compile s | while loops |\n|---|---:|---:|---:|---:|"
+        )
+        for r in rows:
+            print(
+                f"| {r['batch']} x {r['width']} | {r['reverse_only_grad_ms']:.2f} "
+                f"| {r['reverse_only_over_nested']:.3f} "
+                f"| {r['reverse_only_compile_s']:.3f} | {r['reverse_only_whiles']} |"
+            )
     write_results(args.out, rounds=args.rounds, rows=rows)
 
 
