@@ -167,6 +167,40 @@ def test_costly_bodies_get_compact_reverse_sweeps(monkeypatch):
             assert tree_allclose(jax.tree.map(lambda g: g[b], batched), expected)
 
 
+@pytest.mark.parametrize("backend", ["cpu", "tpu"])
+def test_a_heavy_step_is_reversed_as_its_backend_rules(monkeypatch, backend):
+    """A step of few equations and much work (a 4 x 512 by 512 x 512 product) gets
+    the plain reverse sweep where `_cost_model.is_cheap` rules as on a CPU and the
+    nested one, three loops more, as on a TPU (ruled here on whatever backend runs
+    the test); both gradients match `lax.scan`'s over the trip count."""
+    w = jax.random.normal(jax.random.key(0), (512, 512)) / 24
+    x0 = jax.random.normal(jax.random.key(1), (4, 512))
+
+    def loss(w, x, n, scan_length=None):
+        def body(c):
+            return c[0] + 1, jnp.tanh(c[1] @ w)
+
+        if scan_length is not None:
+            return jnp.sum(scan_loop(body, (0, x), scan_length)[1] ** 2)
+        out = bl.while_loop(
+            lambda c: c[0] < n, body, (0, x), max_steps=16, checkpoints=3
+        )
+        return jnp.sum(out[1] ** 2)
+
+    def loops(rule):  # a new function each time: traced afresh
+        monkeypatch.setattr(_cost_model, "is_cheap", rule)
+        grad = jax.grad(lambda *args: loss(*args))
+        return _while_loops(jax.make_jaxpr(grad)(w, x0, 5).jaxpr)
+
+    rule = functools.partial(_cost_model.is_cheap, backend=backend)
+    plain = loops(lambda body: False)
+    assert loops(rule) == plain + (3 if backend == "tpu" else 0)
+    f = jax.jit(jax.grad(lambda *args: loss(*args)))
+    for n in [0, 1, 5, 11, 16]:
+        expected = on_host(jax.grad(functools.partial(loss, scan_length=n)))(w, x0, n)
+        assert tree_allclose(f(w, x0, n), expected, rtol=1e-4, atol=1e-5), n
+
+
 @pytest.mark.parametrize("checkpoints", [1, 3, None])
 def test_gradient_unbounded(checkpoints):
     """`max_steps=None` with `checkpoints=None` takes the documented default."""
