@@ -1,18 +1,19 @@
-"""Whether the reverse sweep's nested loops for cheap steps pay on a workload, with
-the structure forced each way: the headline's gradient (`headline.py`'s workload at
-`n=256`, `max_steps=1024`, 16 checkpoints) nested, plain and, as the reference,
-equinox's checkpointed loop; diffrax's neural ODE (`diffrax_adjoint.py`) nested and
-plain. XLA compile of fresh traces (`jax.clear_caches()` before each), the variants
+"""Whether the reverse sweep's loops for cheap steps pay on a workload, with the
+structure forced each way: the headline's gradient (`headline.py`'s workload at
+`n=256`, `max_steps=1024`, 16 checkpoints) nested, with the nested reverse loop
+but the plain recomputation (`_cost_model.nests_recomputation`), plain and, as
+the reference, equinox's checkpointed loop; diffrax's neural ODE
+(`diffrax_adjoint.py`) nested and plain. XLA compile of fresh traces
+(`jax.clear_caches()` before each; wall and process time), the variants
 interleaved in a shuffled order each repetition, after one warm-up repetition; then
-the gradient's time, interleaved the same way. The chip's compile time varies by up
-to a factor of 2 between compiles of one program, so runs are pooled:
+the gradient's time, interleaved the same way. The chip's compile time drifts by up
+to a factor of 1.5 over a run, so the table pools runs and compares each variant's
+compiles with equinox's of the same repetition:
 
-    python benchmarks/cheap_structure.py [--workloads headline neural] [--repeats 8]
-        [--rounds 5] [--reverse-only] [--out benchmarks/results/cheap_structure_<platform>.json]
+    python benchmarks/cheap_structure.py [--workloads headline neural] [--kinds ...]
+        [--repeats 8] [--rounds 5] [--out benchmarks/results/cheap_structure_<platform>.json]
 
-appends a run to the results file. `--reverse-only` adds a variant for the headline
-with the nested reverse loop but the plain recomputation (a candidate, not a rule).
-`structure_table` pools every run of the file.
+appends a run to the results file; `structure_table` pools every run of it.
 """
 
 import argparse
@@ -31,20 +32,15 @@ from _common import clear_caches
 from _format import load, page, table
 
 import boundedloop as bl
-from boundedloop import _cost_model, _reverse_sweep
+from boundedloop import _cost_model
 
 
-IS_CHEAP, RECOMPUTE = _cost_model.is_cheap, _reverse_sweep.recompute
-FORCED = {
-    "nested": lambda body: True,
-    "plain": lambda body: False,
-    "reverse_only": lambda body: True,
+RULES = (_cost_model.is_cheap, _cost_model.nests_recomputation)
+FORCED = {  # (is_cheap, nests_recomputation)
+    "nested": (lambda body: True, lambda body: True),
+    "plain": (lambda body: False, lambda body: False),
+    "reverse_only": (lambda body: True, lambda body: False),
 }
-
-
-def plain_recompute(sweep, end, stack):
-    """The recomputation as for steps that are not cheap."""
-    return RECOMPUTE(sweep._replace(cheap_steps=False), end, stack)
 
 
 def headline(kind: str, batch: int = 512, width: int = 4096):
@@ -69,7 +65,7 @@ def neural(kind: str):
 
 
 WORKLOADS = {
-    "headline": (headline, ["nested", "plain", "equinox"]),
+    "headline": (headline, ["nested", "reverse_only", "plain", "equinox"]),
     "neural": (neural, ["nested", "plain"]),
 }
 
@@ -78,13 +74,11 @@ WORKLOADS = {
 def forced(kind: str):
     """While in it, loops are lowered with the reverse sweep's structure `kind` (a
     key of `FORCED`; any other: as `_cost_model.is_cheap` rules)."""
-    _cost_model.is_cheap = FORCED.get(kind, IS_CHEAP)
-    if kind == "reverse_only":
-        _reverse_sweep.recompute = plain_recompute
+    _cost_model.is_cheap, _cost_model.nests_recomputation = FORCED.get(kind, RULES)
     try:
         yield
     finally:
-        _cost_model.is_cheap, _reverse_sweep.recompute = IS_CHEAP, RECOMPUTE
+        _cost_model.is_cheap, _cost_model.nests_recomputation = RULES
 
 
 def lower(make, kind):
@@ -100,16 +94,17 @@ def whiles(compiled) -> int:
 
 
 def measure(make, kinds: list, repeats: int, rounds: int) -> dict:
-    compiles, exes = {k: [] for k in kinds}, {}
+    compiles, cpu, exes = {k: [] for k in kinds}, {k: [] for k in kinds}, {}
     for r in range(repeats + 1):  # the first is a warm-up
         random.Random(r).shuffle(kinds)
         for kind in kinds:
             clear_caches()
             lowered, args = lower(make, kind)
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             exes[kind] = lowered.compile(), args
             if r:
                 compiles[kind].append(time.perf_counter() - t0)
+                cpu[kind].append(time.process_time() - cpu0)
     times = {k: [] for k in kinds}
     for r in range(rounds + 1):
         random.Random(100 + r).shuffle(kinds)
@@ -122,6 +117,7 @@ def measure(make, kinds: list, repeats: int, rounds: int) -> dict:
     return {
         kind: dict(
             compiles=compiles[kind],
+            compile_cpu_s=cpu[kind],
             grad_s=statistics.median(times[kind]),
             whiles=whiles(exes[kind][0]),
         )
@@ -134,7 +130,7 @@ def main():
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--reverse-only", action="store_true")
+    parser.add_argument("--kinds", nargs="+", default=None, help="of those below")
     parser.add_argument("--batch", type=int, default=512, help="the headline's B")
     parser.add_argument("--width", type=int, default=4096, help="the headline's D")
     parser.add_argument("--out", default=None)
@@ -148,9 +144,7 @@ def main():
     run.update(repeats=args.repeats, rounds=args.rounds, workloads={})
     run.update(batch=args.batch, width=args.width)
     for name in args.workloads:
-        kinds = list(WORKLOADS[name][1])
-        if args.reverse_only and name == "headline":
-            kinds.append("reverse_only")
+        kinds = [k for k in WORKLOADS[name][1] if k in (args.kinds or LABELS)]
         make = WORKLOADS[name][0]
         if name == "headline":
             make = functools.partial(headline, batch=args.batch, width=args.width)
@@ -160,9 +154,9 @@ def main():
     out.write_text(json.dumps(results, indent=1) + "\n")
 
 
-# the structure `_cost_model.is_cheap` picks on a TPU: the headline's step has few
-# equations, the neural ODE's many on 64-element arrays
-TPU_PICKS = {"headline": "nested", "neural": "plain"}
+# the structure `_cost_model` picks on a TPU: the headline's step has few equations
+# and `TPU_LARGE_STEP` work, the neural ODE's many equations on 64-element arrays
+TPU_PICKS = {"headline": "reverse_only", "neural": "plain"}
 LABELS = {
     "nested": "nested",
     "plain": "plain",
@@ -171,10 +165,22 @@ LABELS = {
 }
 
 
+def paired_over_equinox(found: list, kind: str) -> str:
+    """The median ratio of `kind`'s compiles to equinox's of the same repetitions."""
+    ratios = [
+        a / b
+        for f in found
+        if kind in f and "equinox" in f
+        for a, b in zip(f[kind]["compiles"], f["equinox"]["compiles"])
+    ]
+    return f"{statistics.median(ratios):.2f} ({len(ratios)})" if ratios else "-"
+
+
 def structure_table(platform: str = "tpu") -> str:
     """Each workload's variants over every run of the results file: gradient time
-    (median of the runs' medians), XLA compile (median of every compile) and its
-    ratio to the first variant's, the while loops."""
+    (median of the runs' medians), XLA compile (median of every compile), its ratio
+    to plain's and the median of its ratios to equinox's compile in the same
+    repetition, the while loops."""
     runs = load(f"cheap_structure_{platform}.json")["runs"]
     cells = []
     for workload in WORKLOADS:
@@ -194,18 +200,20 @@ def structure_table(platform: str = "tpu") -> str:
                     f"{1e3 * statistics.median(grads):.1f} ms",
                     f"{statistics.median(pooled[kind]):.2f} s",
                     f"{statistics.median(pooled[kind]) / base:.2f}",
+                    paired_over_equinox(found, kind),
                     len(pooled[kind]),
                     next(f[kind]["whiles"] for f in found if kind in f),
                 ]
             )
     header = ["workload", "reverse sweep", "gradient", "XLA compile", "over plain"]
-    header += ["compiles", "while loops"]
+    header += ["over equinox, paired", "compiles", "while loops"]
     return page(
         f"On one {runs[0]['device']} ({len(runs)} runs of "
         "`benchmarks/cheap_structure.py`, `benchmarks/results/"
         f"cheap_structure_{platform}.json`): the gradient with the reverse sweep's "
         "structure forced; gradient time the median of the runs' medians, XLA "
-        "compile the median of every compile of the runs.",
+        "compile the median of every compile of the runs; paired: the median of "
+        "its ratios to equinox's compile of the same repetition.",
         table(header, cells, left=2),
     )
 
