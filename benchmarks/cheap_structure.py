@@ -1,7 +1,7 @@
 """Whether the reverse sweep's loops for cheap steps pay on a workload, with the
 structure forced each way: the headline's gradient (`headline.py`'s workload at
 `n=256`, `max_steps=1024`, 16 checkpoints) nested, with the nested reverse loop
-but the plain recomputation (`_cost_model.nests_recomputation`), plain and, as
+but the plain recomputation (a candidate, not a rule), plain and, as
 the reference, equinox's checkpointed loop; diffrax's neural ODE
 (`diffrax_adjoint.py`) nested and plain. XLA compile of fresh traces
 (`jax.clear_caches()` before each; wall and process time), the variants
@@ -32,15 +32,20 @@ from _common import clear_caches
 from _format import load, page, table
 
 import boundedloop as bl
-from boundedloop import _cost_model
+from boundedloop import _cost_model, _reverse_sweep
 
 
-RULES = (_cost_model.is_cheap, _cost_model.nests_recomputation)
-FORCED = {  # (is_cheap, nests_recomputation)
-    "nested": (lambda body: True, lambda body: True),
-    "plain": (lambda body: False, lambda body: False),
-    "reverse_only": (lambda body: True, lambda body: False),
+IS_CHEAP, RECOMPUTE = _cost_model.is_cheap, _reverse_sweep.recompute
+FORCED = {
+    "nested": lambda body: True,
+    "plain": lambda body: False,
+    "reverse_only": lambda body: True,
 }
+
+
+def plain_recompute(sweep, end, stack):
+    """The recomputation as for steps that are not cheap."""
+    return RECOMPUTE(sweep._replace(cheap_steps=False), end, stack)
 
 
 def headline(kind: str, batch: int = 512, width: int = 4096):
@@ -74,11 +79,13 @@ WORKLOADS = {
 def forced(kind: str):
     """While in it, loops are lowered with the reverse sweep's structure `kind` (a
     key of `FORCED`; any other: as `_cost_model.is_cheap` rules)."""
-    _cost_model.is_cheap, _cost_model.nests_recomputation = FORCED.get(kind, RULES)
+    _cost_model.is_cheap = FORCED.get(kind, IS_CHEAP)
+    if kind == "reverse_only":
+        _reverse_sweep.recompute = plain_recompute
     try:
         yield
     finally:
-        _cost_model.is_cheap, _cost_model.nests_recomputation = RULES
+        _cost_model.is_cheap, _reverse_sweep.recompute = IS_CHEAP, RECOMPUTE
 
 
 def lower(make, kind):
@@ -154,9 +161,9 @@ def main():
     out.write_text(json.dumps(results, indent=1) + "\n")
 
 
-# the structure `_cost_model` picks on a TPU: the headline's step has few equations
-# and `TPU_LARGE_STEP` work, the neural ODE's many equations on 64-element arrays
-TPU_PICKS = {"headline": "reverse_only", "neural": "plain"}
+# the structure `_cost_model.is_cheap` picks on a TPU: the headline's step has few
+# equations, the neural ODE's many on 64-element arrays
+TPU_PICKS = {"headline": "nested", "neural": "plain"}
 LABELS = {
     "nested": "nested",
     "plain": "plain",
@@ -165,13 +172,14 @@ LABELS = {
 }
 
 
-def paired_over_equinox(found: list, kind: str) -> str:
-    """The median ratio of `kind`'s compiles to equinox's of the same repetitions."""
+def paired_over_equinox(found: list, kind: str, key: str = "compiles") -> str:
+    """The median ratio of `kind`'s compiles to equinox's of the same repetitions
+    (`key`: wall time, or "compile_cpu_s", process time, where runs recorded it)."""
     ratios = [
         a / b
         for f in found
-        if kind in f and "equinox" in f
-        for a, b in zip(f[kind]["compiles"], f["equinox"]["compiles"])
+        if kind in f and key in f[kind] and "equinox" in f
+        for a, b in zip(f[kind][key], f["equinox"][key])
     ]
     return f"{statistics.median(ratios):.2f} ({len(ratios)})" if ratios else "-"
 
@@ -201,19 +209,24 @@ def structure_table(platform: str = "tpu") -> str:
                     f"{statistics.median(pooled[kind]):.2f} s",
                     f"{statistics.median(pooled[kind]) / base:.2f}",
                     paired_over_equinox(found, kind),
+                    paired_over_equinox(found, kind, "compile_cpu_s"),
                     len(pooled[kind]),
                     next(f[kind]["whiles"] for f in found if kind in f),
                 ]
             )
     header = ["workload", "reverse sweep", "gradient", "XLA compile", "over plain"]
-    header += ["over equinox, paired", "compiles", "while loops"]
+    header += ["over equinox, paired", "process time over equinox, paired"]
+    header += ["compiles", "while loops"]
     return page(
         f"On one {runs[0]['device']} ({len(runs)} runs of "
         "`benchmarks/cheap_structure.py`, `benchmarks/results/"
         f"cheap_structure_{platform}.json`): the gradient with the reverse sweep's "
         "structure forced; gradient time the median of the runs' medians, XLA "
-        "compile the median of every compile of the runs; paired: the median of "
-        "its ratios to equinox's compile of the same repetition.",
+        "compile the median of every compile of the runs (wall time); paired: the "
+        "median of its ratios to equinox's compile of the same repetition (wall "
+        "time, and the process's CPU time where runs recorded it, the steadier "
+        "measure: each compile's spread about its median is several times "
+        "smaller), with the count of pairs.",
         table(header, cells, left=2),
     )
 

@@ -15,8 +15,7 @@ results file (default `benchmarks/results/same_programs.txt`) holds the lines.
 
 The programs are lowered on the host CPU. The choices of ours that depend on the
 backend are `_cost_model.runs_in_order` (a CPU's loops of small arrays) and
-`_cost_model.is_cheap` (a TPU's nested loops at any work) with
-`_cost_model.nests_recomputation` (but for its largest steps); with `--off-cpu` they
+`_cost_model.is_cheap` (a TPU's nested loops at any work); with `--off-cpu` they
 are made as on a TPU, so that the programs are those a TPU would get
 (results default `benchmarks/results/same_programs_off_cpu.txt`).
 """
@@ -47,16 +46,12 @@ def programs() -> dict:
     from boundedloop.diffrax import CheckpointedAdjoint
 
     if os.environ.get("SAME_PROGRAMS_OFF_CPU"):
-        # as `runs_in_order`, `is_cheap` and `nests_recomputation` decide on a TPU
-        # (trees before them lack them, or `is_cheap`'s `backend`)
+        # as `runs_in_order` and `is_cheap` decide on a TPU (trees before them
+        # lack them, or `is_cheap`'s `backend`)
         _cost_model.runs_in_order = lambda *args: False
         if "backend" in inspect.signature(_cost_model.is_cheap).parameters:
             _cost_model.is_cheap = functools.partial(
                 _cost_model.is_cheap, backend="tpu"
-            )
-        if hasattr(_cost_model, "nests_recomputation"):
-            _cost_model.nests_recomputation = functools.partial(
-                _cost_model.nests_recomputation, backend="tpu"
             )
     from boundedloop.optimistix import CheckpointedAdjoint as SolveAdjoint
 

@@ -6,8 +6,7 @@ one place. Each choice changes only speed and compile time, never a result.
   every step; each is one more loop (and copy of the step) for XLA to compile, which
   costs more the larger the body is. On a CPU they save next to nothing when the
   body's own arithmetic dominates; on a TPU they pay at any work, the nested
-  reverse loop keeping a large cotangent in place, and the recomputation's loops
-  are left out for the largest steps (`nests_recomputation`). (The forward sweep always runs
+  reverse loop keeping a large cotangent in place. (The forward sweep always runs
   its steps in a loop of their own between stores: see
   `_forward_sweeps.checkpointed_sweep`.)
 - **Loops that run in order** (`runs_in_order`): on a CPU, XLA runs a loop body's
@@ -50,17 +49,6 @@ LIGHT_WORK = 16
 # `cheap_structure_tpu.json`), so this limit applies on a CPU (and on a GPU,
 # unmeasured) only
 HEAVY_WORK = 2**20
-# On a TPU the recomputation's loops for cheap steps (`_recompute.recompute`: a
-# store and a step an iteration, then the last steps in a loop of their own) save a
-# roughly fixed time, the loop entries of one store event each: about 2 ms a
-# gradient of 256 steps from 2**25 to 2**31 a step, 1.3 ms at 2**34 and 64 steps.
-# That is 10% of the gradient's time at 2**31 and 4% at 2**34, while they are two
-# more copies of the step for XLA to compile; the headline's gradient compiled
-# 1.12 times as long as equinox's checkpointed loop's with them and 1.02 times
-# without (medians of paired ratios over 28 and 16 compiles, its run time 138 and
-# 144 ms; `cheap_structure_tpu.json`). From this work a step on, a TPU keeps the
-# nested reverse loop (the large cotangent kept in place) and recomputes plainly
-TPU_LARGE_STEP = 2**33
 
 
 def equations(jaxpr) -> int:
@@ -121,21 +109,6 @@ def is_cheap(body, backend: str | None = None) -> bool:
     if (backend or jax.default_backend()) == "tpu":
         return few
     return few and total < HEAVY_WORK
-
-
-def nests_recomputation(body, backend: str | None = None) -> bool:
-    """Whether a cheap `body`'s recomputation runs in the loops for cheap steps
-    (`_recompute.recompute`): everywhere but on a TPU for a step of at least
-    `TPU_LARGE_STEP` work.
-
-    **Arguments:**
-
-    - `body`: the traced body, one `is_cheap` accepts.
-    - `backend`: as `is_cheap`'s.
-    """
-    if (backend or jax.default_backend()) != "tpu":
-        return True
-    return work(body.jaxpr) < TPU_LARGE_STEP
 
 
 # XLA's CPU runtime (`ThunkExecutor` in jaxlib 0.10) runs a loop body's operations

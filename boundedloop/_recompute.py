@@ -121,12 +121,9 @@ class Sweep(NamedTuple):
     ct_final: tuple  # the final carry's cotangent
     slots: int  # checkpoints
     split: Callable  # `split_rule`'s function, for these slots
-    # cheap steps: runs of stored inputs reversed in a nested loop (see
-    # `_cost_model.is_cheap`)
+    # cheap steps: runs of stored inputs reversed in a nested loop, and
+    # store-every-step recomputation in a loop of its own (see `_cost_model`)
     cheap_steps: bool
-    # and store-every-step recomputation in a loop of its own
-    # (`_cost_model.nests_recomputation`)
-    cheap_recompute: bool
     # the forward stored every state: nothing to recompute, no inner loop
     every_step_stored: bool
     sorted: Int[Array, " slots"]  # the checkpoints' positions, in order
@@ -140,7 +137,6 @@ def make_sweep(
     # the checkpoints by position (unused slots sort last), and their slots
     slots = jnp.arange(config.checkpoints, dtype=jnp.int32)
     sorted_pos, order = lax.sort((tape.positions, slots), num_keys=1)
-    cheap = _cost_model.is_cheap(step.body)
     return Sweep(
         step,
         tape,
@@ -150,8 +146,7 @@ def make_sweep(
         # narrower one would make temporary memory depend on `max_steps`
         # (`in_order`: as the forward sweep decided, `_cost_model.runs_in_order`)
         split_rule(config.checkpoints, SPLIT_LENGTH, tape.storage.in_order),
-        cheap,
-        cheap and _cost_model.nests_recomputation(step.body),
+        _cost_model.is_cheap(step.body),
         config.max_steps is not None and config.checkpoints >= config.max_steps,
         sorted_pos,
         order,
@@ -237,7 +232,7 @@ def recompute(sw: Sweep, end, stack: Stack) -> Recompute:
     Store events while the schedule skips steps, each a tight loop of forward
     steps, so its arithmetic runs once per stored checkpoint; the last advances to
     `end - 1` and stores nothing, so that one loop (one copy of the step for XLA
-    to compile) does both. With cheap steps (`Sweep.cheap_recompute`), once the rest of
+    to compile) does both. With cheap steps (`_cost_model.is_cheap`), once the rest of
     the segment fits the free slots, a loop of a step and a store per iteration
     takes over, and the steps to `end - 1` run in a loop of their own: no store
     is masked in a loop of cheap steps."""
@@ -245,7 +240,7 @@ def recompute(sw: Sweep, end, stack: Stack) -> Recompute:
     i = stack.order_pos[top]
     x = _checkpoint_store.load(stack.storage, sw.order[top])
     state = Recompute(i, end, next_target(sw, i, end, top + 1), stack, x)
-    if not sw.cheap_recompute:
+    if not sw.cheap_steps:
         return varying_while_loop(
             lambda s: s.i < s.end - 1, functools.partial(store_next_or_end, sw), state
         )
