@@ -5,9 +5,9 @@ one place. Each choice changes only speed and compile time, never a result.
   control costs gets nested loops in the reverse sweep that save control work on
   every step; each is one more loop (and copy of the step) for XLA to compile, which
   costs more the larger the body is. On a CPU they save next to nothing when the
-  body's own arithmetic dominates; on a TPU they pay at any work, the nested
-  reverse loop keeping a large cotangent in place. (The forward sweep always runs
-  its steps in a loop of their own between stores: see
+  body's own arithmetic dominates; on a TPU they save time at any work, but their
+  compile costs more than the gradient's compile target allows. (The forward sweep
+  always runs its steps in a loop of their own between stores: see
   `_forward_sweeps.checkpointed_sweep`.)
 - **Loops that run in order** (`runs_in_order`): on a CPU, XLA runs a loop body's
   operations one after another on the calling thread when none of them touches
@@ -34,20 +34,19 @@ SMALL_BODY = 64
 # so is one whose equations produce at most this many elements each on average (a
 # dot counting its multiply-adds): its steps cost per operation, as the control does
 LIGHT_WORK = 16
-# but, on a CPU, not one whose step does at least this much work in all, however few
-# its equations: there the nested loops save a roughly fixed time per step. Without
+# but not one whose step does at least this much work in all, however few its
+# equations. On a CPU the nested loops save a roughly fixed time per step: without
 # them the gradient takes 1.5 times as long at a `work` of 2**11 a step, 1.09 at
 # 2**17, 1.01 to 1.04 at 2**18 and 2**19, and no longer at 2**20 and 2**23 (0.97,
 # 1.01), where each loop is only one more for XLA to compile
-# (`benchmarks/results/cheap_threshold.txt`). On a TPU they pay at every work
-# measured, 2**11 to 2**34 a step: without them, 1.49 to 1.59 times as long up to
-# 2**25, 1.26 at 2**29, 1.04 to 1.12 at 2**31 and 2**32, 1.22 at 2**34, the
-# headline's step, whose plain reverse loop moves the 64 MB cotangent of its matrix
-# between the chip's memories on every reversed step, where the nested loop keeps it
-# in place across a run of stored steps; its XLA compile then takes 1.05 times as
-# long (`cheap_threshold_tpu.txt`, `cheap_threshold_large_tpu.txt`,
-# `cheap_structure_tpu.json`), so this limit applies on a CPU (and on a GPU,
-# unmeasured) only
+# (`benchmarks/results/cheap_threshold.txt`). On a TPU they save time at every work
+# measured (without them 1.49 to 1.59 times as long up to 2**25, 1.04 to 1.36 from
+# 2**29 to 2**34; `cheap_threshold*_tpu.txt`), but their two more copies of the step
+# and three more loops cost compile: on the headline's step (2**34) 1.16 times
+# equinox's checkpointed loop's XLA compile (1.36 times its process time; medians of
+# paired ratios over 61 and 33 compiles), where the plain sweep's is 0.97 times
+# (`cheap_structure_tpu.json`). Compile on the accelerator ranks first (the gradient
+# at most equinox's), so the limit holds on every backend
 HEAVY_WORK = 2**20
 
 
@@ -93,22 +92,12 @@ def work(jaxpr) -> int:
     return total
 
 
-def is_cheap(body, backend: str | None = None) -> bool:
-    """Whether the traced (closure-converted) `body`'s steps are cheap: at most
-    `SMALL_BODY` equations or at most `LIGHT_WORK` elements per equation, and, off a
-    TPU, less than `HEAVY_WORK` in all.
-
-    **Arguments:**
-
-    - `body`: the traced body.
-    - `backend`: the platform the program is for; JAX's default when the loop is
-        traced if `None` (as `runs_in_order`'s).
-    """
+def is_cheap(body) -> bool:
+    """Whether the traced (closure-converted) `body`'s steps are cheap: less than
+    `HEAVY_WORK` in all, and at most `SMALL_BODY` equations or at most `LIGHT_WORK`
+    elements per equation."""
     n, total = equations(body.jaxpr), work(body.jaxpr)
-    few = n <= SMALL_BODY or total <= LIGHT_WORK * n
-    if (backend or jax.default_backend()) == "tpu":
-        return few
-    return few and total < HEAVY_WORK
+    return total < HEAVY_WORK and (n <= SMALL_BODY or total <= LIGHT_WORK * n)
 
 
 # XLA's CPU runtime (`ThunkExecutor` in jaxlib 0.10) runs a loop body's operations
