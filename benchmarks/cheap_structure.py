@@ -162,7 +162,8 @@ def main():
 
 
 # the structure `_cost_model.is_cheap` picks on a TPU: the headline's step has few
-# equations, the neural ODE's many on 64-element arrays
+# equations but `2**34` work (at least `HEAVY_WORK`), the neural ODE's many
+# equations on 64-element arrays
 TPU_PICKS = {"headline": "plain", "neural": "plain"}
 LABELS = {
     "nested": "nested",

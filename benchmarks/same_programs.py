@@ -13,10 +13,10 @@ our adjoints. Each tree runs in a process of its own (`PYTHONPATH` set to a git
 worktree for `REV`). Prints one line a program and the count that differ; the
 results file (default `benchmarks/results/same_programs.txt`) holds the lines.
 
-The programs are lowered on the host CPU. The choices of ours that depend on the
-backend are `_cost_model.runs_in_order` (a CPU's loops of small arrays) and
-`_cost_model.is_cheap` (a TPU's nested loops at any work); with `--off-cpu` they
-are made as on a TPU, so that the programs are those a TPU would get
+The programs are lowered on the host CPU. The choice of ours that depends on the
+backend is `_cost_model.runs_in_order` (a CPU's loops of small arrays; from c0e8ec0
+until 7c3cdd8, `_cost_model.is_cheap` too: a TPU's nested loops at any work); with
+`--off-cpu` it is made as on a TPU, so that the programs are those a TPU would get
 (results default `benchmarks/results/same_programs_off_cpu.txt`).
 """
 
@@ -46,8 +46,8 @@ def programs() -> dict:
     from boundedloop.diffrax import CheckpointedAdjoint
 
     if os.environ.get("SAME_PROGRAMS_OFF_CPU"):
-        # as `runs_in_order` and `is_cheap` decide on a TPU (trees before them
-        # lack them, or `is_cheap`'s `backend`)
+        # as `runs_in_order` (and, in trees that have its `backend`, `is_cheap`)
+        # decide on a TPU
         _cost_model.runs_in_order = lambda *args: False
         if "backend" in inspect.signature(_cost_model.is_cheap).parameters:
             _cost_model.is_cheap = functools.partial(
