@@ -14,6 +14,7 @@ from ._checks import buffer_checks as buffer_checks, max_steps_check as max_step
 from ._module import Loop as Loop, LoopModule as LoopModule
 from ._progress import progress_meter as progress_meter
 from ._scan import fori_loop as fori_loop, scan as scan
+from ._stats import LoopStats as LoopStats
 from ._while_loop import while_loop as while_loop
 
 

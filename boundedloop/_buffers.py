@@ -12,8 +12,12 @@ dummies is exactly the cotangent of each read value, to be added at `idx`. What 
 index may be, and how it is read and written in place, is in `_indexing`.
 """
 
+import contextlib
 import dataclasses
-from typing import Any
+import itertools
+import os
+import sys
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -54,15 +58,39 @@ class Write:
     index: Index
     value: Any
     pred: Any
+    version: int  # the buffer's version it wrote to (the one before the write)
+    unconditional: bool  # written with no `pred`
+
+
+class Site(NamedTuple):
+    """One read, write or hand-over of a buffer in the body, as traced: what the
+    buffer checks replay (`_buffer_checks`) and name in their messages."""
+
+    kind: str  # "read", "write" or "hand" (handed to an inner loop)
+    leaf: int  # the buffer
+    version: int  # the buffer's version read, or written to
+    number: int  # the how-manieth read (or write) of the step
+    pattern: tuple  # the index's static pattern (`Index.pattern`)
+    where: str  # the user's line, "file.py:12 in body"
 
 
 class StepTrace:
-    """One evaluation of the body: the buffers' state and what it read and wrote."""
+    """One evaluation of the body: the buffers' state and what it read and wrote.
+
+    A buffer is a value, as a `jnp` array is: each write makes a new version of it
+    (a new `Buffer`), and reading a version sees the writes made before it. The
+    versions of one buffer form a chain, because the buffer is updated in place: a
+    write must be to the newest version, and the body must return the newest.
+    """
 
     def __init__(
-        self, arrays, dummies, active, written, shared=frozenset(), *, gate=None
+        self, arrays, dummies, active, shared=frozenset(), *, gate=None, names=None
     ):
         self.arrays = list(arrays)
+        # per buffer, where it is in the carry (`buffer_names`), for messages
+        self.names = names
+        # each buffer's array at each of its versions in this step
+        self.history = [[a] for a in self.arrays]
         self.dummies = dummies
         self.active = active
         # an inner loop's writes to buffers lent by outer loops happen only where
@@ -70,30 +98,29 @@ class StepTrace:
         # must not be written by the inner loops its masked step still runs)
         self.gate = gate
         self.live = active if gate is None else jnp.logical_and(active, gate)
-        self.written = None if written is None else list(written)
         # buffers this step hands to an inner loop: differentiated as whole arrays
         # (see `hand_back`), so their reads and writes here are plain
         self.shared = set(shared)
         # the trace `body_fun` runs in: buffers are written only there (see `_here`)
         self.trace_state = jax.extend.core.get_opaque_trace_state()
-        # runtime rule violations seen in this step (only with the checks on)
-        self.double_write = jnp.array(False)
-        self.unwritten_read = jnp.array(False)
         # (leaf, index, shape/dtype of the value read), per read in order
         self.reads: list[tuple[int, Index, Any]] = []
         self.writes: list[Write] = []
+        self.sites: list[Site] = []
 
-    def read(self, leaf: int, index: Index, traced: bool = False):
+    def name(self, leaf: int) -> str:
+        if self.names is None:
+            return describe(self.arrays[leaf], leaf)
+        return self.names[leaf]
+
+    def latest(self, leaf: int) -> int:
+        return len(self.history[leaf]) - 1
+
+    def read(self, leaf: int, version: int, index: Index, traced: bool = False):
         """`traced`: whether the user's index held traced integers."""
-        if self.written is not None:
-            self._here(leaf, "read with `bl.buffer_checks` on")
-        elif traced:
+        if traced:
             self._here(leaf, "read at a traced index")
-        array = self.arrays[leaf]
-        if self.written is not None:
-            done = jnp.all(get(self.written[leaf], index))
-            unwritten = jnp.logical_and(self.active, ~done)
-            self.unwritten_read = jnp.logical_or(self.unwritten_read, unwritten)
+        array = self.history[leaf][version]
         # every read has its dummy, so that the loop's stand-ins line up with the
         # reads; a read of a buffer lent to an inner loop leaves it unused
         if callable(self.dummies):  # made as the reads are found
@@ -109,51 +136,148 @@ class StepTrace:
             # one of these too: `_read`'s JVP carries the buffer's own tangent.)
             value = _read(array, index, dummy)
             for w in self.writes:
-                if w.leaf == leaf:
+                if w.leaf == leaf and w.version < version:
                     new, hit = overlay(value, index, w.index, w.value, array.shape)
                     value = jnp.where(w.pred, new, value)
         shape = jax.ShapeDtypeStruct(value.shape, value.dtype)
+        self._site("read", leaf, version, len(self.reads), index)
         self.reads.append((leaf, index, shape))
         return value
+
+    def _site(self, kind, leaf, version, number, index):
+        self.sites.append(Site(kind, leaf, version, number, index.pattern, user_line()))
 
     def _here(self, leaf: int, what: str):
         """Raise if the body is inside a JAX transformation of its own (`lax.cond`,
         `jax.jit`, ...): what it writes there would be that trace's, and escape it."""
         if jax.extend.core.get_opaque_trace_state() != self.trace_state:
             raise ValueError(
-                f"A `bl.Buffer` ({describe(self.arrays[leaf], leaf)}) was {what} "
+                f"A `bl.Buffer` ({self.name(leaf)}) was {what} "
                 "inside a JAX transformation nested in `body_fun` (`lax.cond`, "
                 "`lax.switch`, an inner `lax` loop, a `jax.jit`- or `jax.vmap`-ed "
                 "function, ...). Buffers are written, and read at traced indices, only "
                 f"at the top level of `body_fun`. {_INSTEAD}"
             )
 
-    def write(self, leaf: int, index: Index, value, pred):
+    def _newest(self, leaf: int, version: int, what: str):
+        """Raise if `version` of the buffer is not its newest: a later write's
+        result would be dropped (the buffer is one array, updated in place)."""
+        if version == self.latest(leaf):
+            return
+        later = next(s for s in self.sites if s.leaf == leaf and s.version >= version)
+        raise ValueError(
+            f"A `bl.Buffer` ({self.name(leaf)}) was {what} through "
+            f"a version of it that was already written (at {later.where}). A buffer "
+            "is updated in place, so its writes must form one chain: write to the "
+            "result of the previous write (`buf = buf.at[i].set(x)`), and hand on "
+            "that result."
+        )
+
+    def write(self, leaf: int, version: int, index: Index, value, pred):
         self._here(leaf, "written")
+        self._newest(leaf, version, "written")
         array = self.arrays[leaf]
         value = jnp.broadcast_to(jnp.asarray(value), index.result_shape())
         value = value.astype(array.dtype)
+        unconditional = pred is None
         pred = jnp.asarray(True if pred is None else pred, bool)
         if pred.shape != ():
             raise TypeError(
                 "`buf.at[...].set(x, pred=p)` needs `p` to be a scalar bool."
             )
+        inside = index.in_bounds(array.shape)
+        if isinstance(inside, jax.core.Tracer):  # as `jnp`: out of range, dropped
+            pred = jnp.logical_and(pred, inside)
         if self.gate is not None:
             pred = jnp.logical_and(pred, self.gate)
-        self.writes.append(Write(leaf, index, value, pred))
+        if unconditional:
+            self._check_not_written_here(leaf, index)
+        self._site("write", leaf, version, len(self.writes), index)
+        self.writes.append(Write(leaf, index, value, pred, version, unconditional))
         live = jnp.logical_and(pred, self.active)
-        if self.written is not None:
-            mask = self.written[leaf]
-            again = jnp.logical_and(live, jnp.any(get(mask, index)))
-            self.double_write = jnp.logical_or(self.double_write, again)
-            self.written[leaf] = put(mask, index, True, live)
         self.arrays[leaf] = put(array, index, value, live)
+        self.history[leaf].append(self.arrays[leaf])
 
-    def hand_back(self, leaf: int, array):
+    def _check_not_written_here(self, leaf: int, index: Index):
+        """A second unconditional write to a static location in one step breaks the
+        write-once rule whenever the step runs: an error now."""
+        shape = self.arrays[leaf].shape
+        mine = _static_cells(index, shape)
+        if mine is None:
+            return
+        for w, site in zip(self.writes, (s for s in self.sites if s.kind == "write")):
+            if w.leaf != leaf or not w.unconditional:
+                continue
+            theirs = _static_cells(w.index, shape)
+            if theirs is not None and mine & theirs:
+                raise ValueError(
+                    f"A `bl.Buffer` ({self.name(leaf)}) is written "
+                    f"twice in one step at {index.describe(shape)}: at {site.where}, then "
+                    f"at {user_line()}. Each location of a buffer may be written at "
+                    "most once in a loop."
+                )
+
+    def hand_back(self, leaf: int, version: int, array):
         """`array` is buffer `leaf` after an inner loop wrote into it."""
         self._here(leaf, "handed to an inner loop")
+        self._newest(leaf, version, "handed to an inner loop")
         self.shared.add(leaf)
+        self._site("hand", leaf, version, 0, make_index(..., array.shape))
         self.arrays[leaf] = array
+        self.history[leaf].append(array)
+
+
+def check_returned_newest(trace: StepTrace, returned: "Buffer", name: str):
+    """Raise if the body returned a buffer without its last writes: as for a `jnp`
+    array, a write whose result is not used would change nothing, but a buffer is
+    written in place, so the write would happen. An error, at trace time."""
+    leaf = returned._leaf
+    if returned._version == trace.latest(leaf):
+        return
+    dropped = [
+        s for s in trace.sites if s.leaf == leaf and s.version >= returned._version
+    ]
+    raise ValueError(
+        f"`{name}`: the result of a write to a `bl.Buffer` "
+        f"({trace.name(leaf)}) at {dropped[0].where} is never "
+        "used: `body_fun` returns the buffer as it was before that write. A "
+        "buffer is updated in place, so the write would still happen; use its "
+        "result (`buf = buf.at[i].set(x)`) and return that, or remove the write."
+    )
+
+
+def _static_cells(index: Index, shape) -> set | None:
+    """The locations `index` covers, or `None` if it holds traced integers."""
+    if index.static_ints is None:
+        return None
+    ints = iter(index.static_ints)
+    axes = []
+    for p, dim in zip(index.pattern, shape):
+        if p is None:
+            axes.append([next(ints) % dim])
+        else:
+            start, size, step = p
+            axes.append(range(start, start + size * step, step) if size else [])
+    return set(itertools.product(*axes))
+
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_LIBRARIES = tuple(
+    os.path.dirname(os.path.abspath(m.__file__)) for m in (jax, eqx, contextlib)
+)
+
+
+def user_line() -> str:
+    """Where the user's code is, in the stack: the innermost frame outside this
+    package, JAX, Equinox and the standard library, as `file.py:12 in body`."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(_HERE) and not name.startswith(_LIBRARIES):
+            if not name.startswith("<frozen"):
+                return f"{name}:{frame.f_lineno} in {frame.f_code.co_name}"
+        frame = frame.f_back
+    return "an unknown line"
 
 
 class Buffer:
@@ -167,13 +291,14 @@ class Buffer:
     `bl.while_loop` or `bl.scan`, where it is a buffer of that loop too.
     """
 
-    def __init__(self, trace: StepTrace, leaf: int):
+    def __init__(self, trace: StepTrace, leaf: int, version: int = 0):
         self._trace = trace
         self._leaf = leaf
+        self._version = version
 
     @property
     def _array(self):
-        return self._trace.arrays[self._leaf]
+        return self._trace.history[self._leaf][self._version]
 
     @property
     def shape(self):
@@ -189,7 +314,7 @@ class Buffer:
 
     def __getitem__(self, idx):
         index = make_index(idx, self.shape)
-        return self._trace.read(self._leaf, index, _is_traced(idx))
+        return self._trace.read(self._leaf, self._version, index, _is_traced(idx))
 
     @property
     def at(self):
@@ -215,6 +340,16 @@ def _not_an_array(self, *args):
     self.__jax_array__()
 
 
+def buffer_names(layout, bufs) -> tuple[str, ...]:
+    """Per buffer, where it is in the carry and its type: `carry[1]`, float32[12, 3]."""
+    marked = jtu.tree_unflatten(layout.treedef, range(layout.treedef.num_leaves))
+    paths = [jtu.keystr(p) for p, _ in jtu.tree_flatten_with_path(marked)[0]]
+    return tuple(
+        f"`carry{paths[k]}`, {jnp.dtype(b.dtype).name}{list(b.shape)}"
+        for k, b in zip(layout.buffer_pos, bufs)
+    )
+
+
 def describe(array, leaf: int) -> str:
     return (
         f"buffer #{leaf}, {jnp.dtype(array.dtype).name}{list(array.shape)}; a loop's "
@@ -237,7 +372,7 @@ def _not_a_jax_value(buffer: Buffer):
 
     A `ValueError`: JAX re-raises a `TypeError` from here as its own error."""
     raise ValueError(
-        f"A `bl.Buffer` ({describe(buffer._array, buffer._leaf)}) was passed to a "
+        f"A `bl.Buffer` ({buffer._trace.name(buffer._leaf)}) was passed to a "
         "JAX operation or transformation as an array (to `lax.cond`, `lax.switch`, "
         "`lax.select`, `jnp.where`, a `jax.jit`-ed function, ...). A buffer is not "
         f"an array and cannot leave the top level of `body_fun`. {_INSTEAD}"
@@ -284,14 +419,16 @@ class _BufferRef:
         self._traced = traced
 
     def set(self, x, *, pred=None) -> Buffer:
-        """Set this location to `x` (where `pred` is true). Returns the buffer."""
+        """Set this location to `x` (where `pred` is true). Returns the buffer
+        after the write, which the body must use (or return) in place of the
+        buffer before it."""
         b = self._buffer
-        b._trace.write(b._leaf, self._index, x, pred)
-        return b
+        b._trace.write(b._leaf, b._version, self._index, x, pred)
+        return Buffer(b._trace, b._leaf, b._trace.latest(b._leaf))
 
     def get(self):
         b = self._buffer
-        return b._trace.read(b._leaf, self._index, self._traced)
+        return b._trace.read(b._leaf, b._version, self._index, self._traced)
 
     def __getattr__(self, name):
         raise AttributeError(
@@ -314,6 +451,8 @@ def lend_buffers(init_val, buffers_fn):
     lent = [(path, v) for path, v in leaves if is_buffer(v)]
     if not lent:
         return init_val, buffers_fn, lent
+    for _, v in lent:
+        v._trace._newest(v._leaf, v._version, "handed to an inner loop")
     init_val = jtu.tree_map(
         lambda v: v._array if is_buffer(v) else v, init_val, is_leaf=is_buffer
     )
@@ -355,8 +494,9 @@ def return_buffers(out, lent):
         buffer = by_path.get(path)
         if buffer is None:
             return v
-        buffer._trace.hand_back(buffer._leaf, v)
-        return buffer
+        trace, leaf = buffer._trace, buffer._leaf
+        trace.hand_back(leaf, buffer._version, v)
+        return Buffer(trace, leaf, trace.latest(leaf))
 
     return jtu.tree_map_with_path(give_back, out)
 

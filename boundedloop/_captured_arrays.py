@@ -3,9 +3,10 @@
 `bl.Loop` is given plain functions. Under `bl.filter_jit`/`bl.filter_grad` a
 function is static, so arrays it captures (in closure cells or default arguments)
 would be baked-in constants with no gradient. `hoist_arrays` rebuilds such a
-function as a module whose captured arrays are fields; the rest stays static,
-compared by value where that is safe, so that a closure rebuilt around new arrays
-reuses the compiled program.
+function as a module whose captured arrays are a field, `closure`, keyed by the
+names the function uses for them (so a gradient reads `closure["A"]`); the rest
+stays static, compared by value where that is safe, so that a closure rebuilt around
+new arrays reuses the compiled program.
 """
 
 import functools
@@ -46,20 +47,32 @@ def _cell_contents(cell):
 _EMPTY = object()
 
 
+def _positional_defaults(fn) -> dict[str, Any]:
+    """`fn.__defaults__` by parameter name (they are the last positional ones)."""
+    code, defaults = fn.__code__, fn.__defaults__ or ()
+    names = code.co_varnames[: code.co_argcount]
+    return dict(zip(names[len(names) - len(defaults) :], defaults))
+
+
+def _defaults(fn) -> dict[str, Any]:
+    """`fn`'s default arguments, positional and keyword-only, by parameter name."""
+    return _positional_defaults(fn) | (fn.__kwdefaults__ or {})
+
+
 class _Skeleton:
     """The static part of a function: its code and globals, the cells kept as they
-    are, and the non-array parts of the hoisted ones. Equal when the function would
-    compute the same thing from the same arrays."""
+    are, and the non-array parts of the hoisted values. Equal when the function
+    would compute the same thing from the same arrays."""
 
     def __init__(self, fn, kept_cells, static):
         self.fn = fn
         self.kept_cells = kept_cells  # per cell: the cell, or None where hoisted
-        self.static = static  # (cells, defaults, kwdefaults) with arrays removed
+        # the hoisted values with their arrays removed, by name (as `closure`)
+        self.static = static
 
     @classmethod
     def of(cls, fn):
-        cells = tuple(fn.__closure__ or ())
-        return cls(fn, cells, (None,) * len(cells))
+        return cls(fn, tuple(fn.__closure__ or ()), {})
 
     def _key(self):
         fn = self.fn
@@ -87,25 +100,39 @@ class _Skeleton:
 
 
 class HoistedFunction(eqx.Module):
-    """A Python function whose captured arrays (in closure cells and default
-    arguments) are the field `arrays`; calling it calls the function on them."""
+    """A Python function whose captured arrays are the field `closure`; calling it
+    calls the function on them.
+
+    `closure` maps each name under which the function captured arrays (a free
+    variable, `fn.__code__.co_freevars`, or a parameter with a default) to the
+    arrays it holds there, in the value's own structure: an array, a pytree of
+    them, a `HoistedFunction` for a function captured in turn, or a `Partial` (its
+    `.args` and `.keywords`). A gradient has the same structure, so the gradient
+    with respect to a closure's `A` is `grad.closure["A"]`."""
 
     skeleton: _Skeleton = eqx.field(static=True)
-    arrays: Any
+    closure: dict[str, Any]
 
     @property
     def __wrapped__(self):
         return self.skeleton.fn
 
     def __call__(self, *args, **kwargs):
-        cells, defaults, kwdefaults = eqx.combine(self.arrays, self.skeleton.static)
-        closure = tuple(
-            kept if kept is not None else _make_cell(value)
-            for kept, value in zip(self.skeleton.kept_cells, cells)
-        )
         fn = self.skeleton.fn
+        values = eqx.combine(self.closure, self.skeleton.static)
+        cells = tuple(
+            kept if kept is not None else _make_cell(values[name])
+            for name, kept in zip(fn.__code__.co_freevars, self.skeleton.kept_cells)
+        )
+        # the defaults as they were, the hoisted ones rebuilt around these arrays
+        defaults, kwdefaults = fn.__defaults__, fn.__kwdefaults__
+        if defaults is not None:
+            named = _positional_defaults(fn).items()
+            defaults = tuple(values.get(name, v) for name, v in named)
+        if kwdefaults is not None:
+            kwdefaults = {name: values.get(name, v) for name, v in kwdefaults.items()}
         rebuilt = types.FunctionType(
-            fn.__code__, fn.__globals__, fn.__name__, defaults, closure or None
+            fn.__code__, fn.__globals__, fn.__name__, defaults, cells or None
         )
         rebuilt.__kwdefaults__ = kwdefaults
         return rebuilt(*args, **kwargs)
@@ -143,24 +170,24 @@ def _hoist_function(fn, seen):
         seen[fn] = True
         return fn
     seen[fn] = False
-    kept, hoisted = [], []
-    for cell in fn.__closure__ or ():
+    # the captured values that hold arrays, by the name the function uses
+    hoisted, kept = {}, []
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
         value = _cell_contents(cell)
         converted = None if value is _EMPTY else _hoist_tree(value, seen)
         if value is not _EMPTY and _has_arrays(converted):
             kept.append(None)
-            hoisted.append(converted)
+            hoisted[name] = converted
         else:  # shared with the original, as Python shares it
             kept.append(cell)
-            hoisted.append(None)
-    defaults, kwdefaults = fn.__defaults__, fn.__kwdefaults__
-    converted = _hoist_tree((defaults, kwdefaults), seen)
-    if _has_arrays(converted):
-        defaults, kwdefaults = converted
+    for name, value in _defaults(fn).items():
+        converted = _hoist_tree(value, seen)
+        if _has_arrays(converted):
+            hoisted[name] = converted
     recursive = seen.pop(fn)
-    if not fn.__closure__ and defaults is fn.__defaults__:
+    if not fn.__closure__ and not hoisted:
         return fn  # captures nothing: static as it is
-    if recursive and (_has_arrays(hoisted) or defaults is not fn.__defaults__):
+    if recursive and hoisted:
         # its inner calls would run the original, on the arrays as constants
         raise TypeError(
             f"`bl.Loop`: the function `{fn.__qualname__}` calls itself through its "
@@ -168,7 +195,7 @@ def _hoist_function(fn, seen):
             "in its inner calls. Pass those arrays as arguments (e.g. through a "
             "`jax.tree_util.Partial`) or as fields of an `equinox.Module`."
         )
-    arrays, static = eqx.partition((tuple(hoisted), defaults, kwdefaults), eqx.is_array)
+    arrays, static = eqx.partition(hoisted, eqx.is_array)
     return HoistedFunction(_Skeleton(fn, tuple(kept), static), arrays)
 
 
@@ -177,8 +204,8 @@ def hoist_arrays(fn):
 
     A Python closure becomes a `HoistedFunction`, a module whose leaves are the
     arrays its closure cells or default arguments hold, directly or inside pytrees or
-    functions they capture; a `functools.partial` holding arrays becomes an
-    `eqx.Partial`. Any other callable is returned as it is. Cells without arrays are
+    functions they capture, keyed by name in its field `closure`; a
+    `functools.partial` holding arrays becomes an `eqx.Partial`. Any other callable is returned as it is. Cells without arrays are
     shared with `fn`, so the function sees later changes to them as Python would;
     the hoisted values are fixed when `hoist_arrays` is called. Two closures of the
     same code over equal immutable values (and any arrays) compare equal, so

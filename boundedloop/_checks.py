@@ -1,16 +1,19 @@
-"""Opt-in runtime checks, and the trace-time settings that switch them on.
+"""Runtime checks, and the trace-time settings that switch them on and off.
 
-Each switch is a `with` block read when a loop is traced. Off (the default), a check
-leaves the compiled program exactly as it would be without it.
+Each switch is a `with` block read when a loop is traced. Off, a check leaves the
+compiled program exactly as it would be without it.
 
 - `buffer_checks`: the buffer rules (each location written at most once, only
-  written locations read), checked in the forward pass.
-- `max_steps_check`: a loop must not stop because it ran out of steps. The loop
+  written locations read), checked in the forward pass (`_buffer_checks`). On by
+  default.
+- `max_steps_check` (off by default): a loop must not stop because it ran out of steps. The loop
   stopped because of `max_steps` exactly when the predicate still holds on the final
   carry, so the check evaluates the predicate once more, on the final carry, and
   attaches an error to it (`raise_if`): one predicate evaluation, nothing inside
   the loop. It is attached to what every later use of the loop reads (the final carry,
-  and the trip count the backward pass reverses), so no transform prunes it.
+  and the trip count the backward pass reverses), so no transform prunes it. With
+  `warn=True` it issues a warning instead (`warn_if`), from a host callback after the
+  loop, and the program goes on.
 
 The two checks are JAX configuration states that are part of JAX's trace and jit
 cache keys, so entering a block after a function was first traced retraces it
@@ -29,16 +32,21 @@ reported again at exit), until the next program with a callback runs on them.
 """
 
 import contextlib
+import dataclasses
 import functools
 import logging
+import os
 import re
+import sys
 import threading
+import warnings
 
 import equinox as eqx
 import jax
 import jax.extend.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
+import numpy as np
 from jax import lax
 from jax.interpreters import ad, batching, mlir
 
@@ -49,27 +57,37 @@ from ._shard_map import vary
 
 # switches in the jit cache key and trace context: a function traced with a check
 # on is traced again with it off, so entering the block before or after the first
-# call makes no difference
-_buffer_checks = jax.make_user_context(default_value=False)
+# call makes no difference. The buffer checks' default, `None`, is on where a check
+# can run (see `can_raise_here`); `True` asks for them everywhere.
+_buffer_checks = jax.make_user_context(default_value=None)
 
 
 @contextlib.contextmanager
 def buffer_checks(enabled: bool = True):
-    """Check the buffer rules of loops traced inside this block.
+    """Switch the run-time buffer checks of loops traced inside this block on or off.
 
-    Off by default and free when off. When on, the forward pass of every loop traced
-    in the block keeps a record of which buffer locations have been written and
-    raises a runtime error (through `eqx.error_if`) on a second write to one
-    location, or on a read of a location that has not been written.
+    On by default: the forward pass of every loop with buffers keeps one bool per
+    buffer element (which locations have been written) and, after the loop, raises a
+    runtime error (through `eqx.error_if`) if a step wrote a location a second time,
+    or read a location that had not been written. The error names the buffer (its
+    place in the carry), the step, the index and the line of `body_fun`.
 
     ```python
-    with bl.buffer_checks():
-        out = jax.jit(f)(x)   # f calls bl.while_loop(..., buffers=...)
+    with bl.buffer_checks(False):   # off: no mask, nothing checked
+        out = jax.jit(f)(x)         # f calls bl.while_loop(..., buffers=...)
     ```
+
+    What can be decided while tracing is an error at trace time whatever this says:
+    a write whose result is dropped, a write to a version of a buffer that was
+    already written, a location written twice in one step at a static index, and a
+    static index out of range.
 
     The switch is part of JAX's cache key, so it may be entered after a first call.
     `bl.scan` (and `bl.fori_loop`) turn it off for everything in their body, inner
-    loops included; enter the block inside the body to check those.
+    loops included; enter `with bl.buffer_checks():` inside the body to check those.
+    Inside `jax.shard_map`, where a check must be raised on every device at once,
+    the default skips the loops that cannot be checked there (see the scaling-out
+    guide); `bl.buffer_checks()` (on) makes them an error instead.
 
     **Arguments:**
 
@@ -79,63 +97,53 @@ def buffer_checks(enabled: bool = True):
         yield
 
 
-def buffer_checks_enabled() -> bool:
-    return _buffer_checks.value
+def buffer_check_reads() -> str | None:
+    """Which reads the buffer checks of a loop traced now check, if any are on:
 
-
-def raise_violations(active, violations):
-    """`active`, with a runtime error attached if the step broke a buffer rule.
-
-    Tied to the loop's predicate so that the check can never be pruned away. Inside
-    `shard_map` each device may take its own number of steps, so no check can wait
-    for the other devices in the loop: there the violations are gathered over the
-    steps (`gather_violations`) and raised after the loop (`raise_violations_after`).
+    - `"later"` (the default): a location read while unwritten must not be written
+        later: the reverse sweep reads the final buffer, so such a read would see
+        the later value there, and its gradient would be wrong;
+    - `"unwritten"` (`bl.buffer_checks()`): no location is read unwritten (a
+        stricter rule, as documented: it also refuses reading a buffer's initial
+        values, which is safe);
+    - `None`: no reads (an Equinox-style client's loops: its rule lets a read
+        of an unwritten location be multiplied by zero, as diffrax's Runge-Kutta
+        stage loops do).
     """
-    if _manual_axes():
-        return active
-    double_write, unwritten_read = violations
-    active = raise_if(active, double_write, DOUBLE_WRITE, _BUFFER_CHECKS)
-    return raise_if(active, unwritten_read, UNWRITTEN_READ, _BUFFER_CHECKS)
+    value = _buffer_checks.value
+    return {None: "later", True: "unwritten", "writes": None}.get(value)
 
 
-def gather_violations(before, after):
-    """The buffer checks' state `after` a step, its violations those of every step
-    so far (`before` is the state before it)."""
-    if before is None:
-        return after
-    gathered = tuple(jnp.logical_or(a, b) for a, b in zip(before[1], after[1]))
-    return after[0], gathered
+def buffer_checks_enabled() -> bool:
+    return _buffer_checks.value is not False
 
 
-def raise_violations_after(written, tree):
-    """`tree`, with the buffer checks' errors attached, for the violations gathered
-    over a loop inside `shard_map` (elsewhere they were raised in the loop)."""
-    if written is None or not _manual_axes():
-        return tree
-    double_write, unwritten_read = written[1]
-    tree = raise_if(tree, any_across_batch(double_write), DOUBLE_WRITE, _BUFFER_CHECKS)
-    return raise_if(
-        tree, any_across_batch(unwritten_read), UNWRITTEN_READ, _BUFFER_CHECKS
-    )
+@contextlib.contextmanager
+def client_buffer_checks():
+    """Around a loop an Equinox-style client (diffrax, optimistix) hands us: the
+    default checks there check the writes only (see `buffer_check_reads`)."""
+    value = _buffer_checks.value
+    with _buffer_checks("writes" if value is None else value):
+        yield
 
 
-DOUBLE_WRITE = (
-    "`bl.while_loop`: a buffer location was written twice. Each location of a "
-    "buffer may be written at most once."
-)
-UNWRITTEN_READ = (
-    "`bl.while_loop`: a buffer read a location that has not been written. Only "
-    "written locations may be read."
-)
+def can_raise_here() -> bool:
+    """Whether a check traced now can be raised: not where `_same_on_every_device`
+    would refuse it (so the default checks skip those loops)."""
+    axes = _manual_axes()
+    if not axes or _buffer_checks.value is True:
+        return True
+    auto = set(jax.sharding.get_abstract_mesh().axis_names) - set(axes)
+    return not auto and not getattr(_tracing, "depth", 0)
 
 
 _max_steps_checks = jax.make_user_context(default_value=False)
 
 
 @contextlib.contextmanager
-def max_steps_check(enabled: bool = True):
-    """Raise an error when a loop traced inside this block reaches `max_steps` while
-    its predicate is still true.
+def max_steps_check(enabled: bool = True, *, warn: bool = False):
+    """Raise an error (or, with `warn=True`, issue a warning) when a loop traced inside
+    this block reaches `max_steps` while its predicate is still true.
 
     Off by default and free when off. When on, every `bl.while_loop` (and
     `LoopModule.run`) traced in the block evaluates `cond_fun` once more on its final
@@ -150,6 +158,26 @@ def max_steps_check(enabled: bool = True):
         out = jax.jit(f)(x)   # f calls bl.while_loop(..., max_steps=100)
     ```
 
+    With `warn=True` the loop does not stop the program: a loop call that ran out of
+    steps issues a `UserWarning` naming the loop and its `max_steps` (under `vmap`,
+    one for the batch if any element ran out), from a host callback (a
+    `jax.debug.callback` that runs only when the bound was reached) after the loop,
+    and the run goes on. That costs one predicate evaluation per loop call and no
+    host round trip while loops finish in time, so it can stay on in training:
+
+    ```python
+    with bl.max_steps_check(warn=True):
+        params = train_step(params, batch)   # warns, and goes on, if a loop ran out
+    ```
+
+    Python's warning filters apply: by default a warning with one message is shown
+    once, however often it is issued (`warnings.simplefilter("always")` shows every
+    one; `"error"` turns them into exceptions, raised from the callback). Under
+    `jax.grad` the warning is issued by the forward pass; a loop nested in the body of
+    another `bl.while_loop` may issue it again when the outer loop's gradient
+    recomputes its steps. Without `jax.jit` (eagerly) the warning is issued when the
+    loop returns.
+
     The setting is part of JAX's trace and jit cache keys: a jitted function called
     inside the block is traced (and compiled) again with the check on.
 
@@ -162,12 +190,13 @@ def max_steps_check(enabled: bool = True):
     **Arguments:**
 
     - `enabled`: whether to check.
+    - `warn`: warn instead of raising.
     """
     callback_log = logging.getLogger("jax._src.callback")
     unlogged = _Unlogged(_MAX_STEPS_MESSAGE)
     callback_log.addFilter(unlogged)
     try:
-        with _max_steps_checks(bool(enabled)):
+        with _max_steps_checks(("warn" if warn else "raise") if enabled else False):
             yield
     except RuntimeError as error:
         reworded = _reworded(error, _MAX_STEPS_MESSAGE)
@@ -211,13 +240,16 @@ def _reworded(error: RuntimeError, pattern: "re.Pattern") -> RuntimeError | None
     return reworded if str(reworded) == found.group(0) else RuntimeError(found.group(0))
 
 
-def max_steps_check_enabled() -> bool:
-    return _max_steps_checks.value
+def max_steps_check_mode() -> str | None:
+    """`bl.max_steps_check`'s setting where a loop is traced: `"raise"`, `"warn"`, or
+    `None` (off)."""
+    return _max_steps_checks.value or None
 
 
-def check_stopped(loop, tree, name: str, max_steps: int):
+def check_stopped(loop, tree, name: str, max_steps: int, *, warn: bool = False):
     """`tree`, with a runtime error attached if the loop ran out of steps: if its
-    predicate still holds on the final carry (for any element, under `vmap`).
+    predicate still holds on the final carry (for any element, under `vmap`). With
+    `warn`, a warning instead (`warn_if`).
 
     **Arguments:**
 
@@ -225,18 +257,19 @@ def check_stopped(loop, tree, name: str, max_steps: int):
     - `tree`: `(x, bufs, ...)`: the final carry's arrays first, then anything else
         the error must travel with.
     - `name`, `max_steps`: for the message.
+    - `warn`: warn instead of raising.
     """
     x, bufs = tree[:2]
     still_going = any_across_batch(loop.cond(x, bufs))
-    return raise_if(
-        tree,
-        still_going,
+    message = (
         f"`{name}` reached max_steps={max_steps} while `cond_fun` was still true, "
         "so it stopped before the loop finished. Raise `max_steps` (or pass "
         "`max_steps=None` for no bound), or leave `bl.max_steps_check` off if "
-        "stopping early is intended.",
-        "bl.max_steps_check",
+        "stopping early is intended."
     )
+    if warn:
+        return warn_if(tree, still_going, message)
+    return raise_if(tree, still_going, message, "bl.max_steps_check")
 
 
 # `check_stopped`'s message, wherever it is embedded
@@ -268,19 +301,64 @@ def _manual_axes() -> tuple:
     return tuple(sorted(jax.sharding.get_abstract_mesh().manual_axes))
 
 
-def raise_if(tree, flag, msg: str, switch: str):
+def raise_if(tree, flag, msg, switch: str, details: tuple = ()):
     """`tree`, with a runtime error `msg` attached that is raised if `flag` (a bool,
     scalar but for `vmap`: raised if any element is true) is true; as
     `eqx.error_if`, which it is on one device. Anything that reads `tree` afterwards
     runs after the check. `switch` is the check's `with` block, for errors.
+
+    With `details` (integer arrays, known at run time), `msg` is an object whose
+    `format(*details)` makes the message and `summary()` a message without them;
+    under `vmap` the details are those of the first element whose flag is true.
     """
     if not isinstance(flag, jax.core.Tracer):
+        if details and bool(flag):
+            raise RuntimeError(msg.format(*(jnp.asarray(d) for d in details)))
         return eqx.error_if(tree, flag, msg)  # resolved now
     flag = _same_on_every_device(jnp.asarray(flag, bool), switch)
     arrays, rest = eqx.partition(tree, eqx.is_array)
     leaves, treedef = jtu.tree_flatten(arrays)
-    leaves = raise_if_p.bind(flag, *leaves, msg=msg, switch=switch)
+    details = [jnp.asarray(d, jnp.int32) for d in details]
+    leaves = raise_if_p.bind(
+        flag, *details, *leaves, msg=msg, switch=switch, n_details=len(details)
+    )
     return eqx.combine(jtu.tree_unflatten(treedef, leaves), rest)
+
+
+def warn_if(tree, flag, msg: str):
+    """`tree`, after a `UserWarning` `msg` issued if `flag` (a bool, scalar but for
+    `vmap`: one warning if any element is true) is true; the program goes on.
+
+    Traced, the warning comes from a host callback under a `lax.cond`, so nothing
+    leaves the device unless `flag` is true. The callback is an effect, which no
+    transform prunes, and `tree` is passed on behind the `lax.cond` (an
+    `optimization_barrier` over both), so what reads `tree` afterwards runs after
+    the warning was issued."""
+    if not isinstance(flag, jax.core.Tracer):  # resolved now: warn from here
+        if bool(jnp.any(flag)):
+            warnings.warn(msg, UserWarning, stacklevel=_caller_level())
+        return tree
+    flag = any_across_batch(flag)  # unbatched: one callback for the batch
+
+    def fire():
+        jax.debug.callback(functools.partial(warnings.warn, msg, UserWarning))
+        return jnp.array(True)
+
+    # constants, not `flag` itself, which `lax.cond` would forward past the branches
+    done = lax.cond(flag, fire, lambda: jnp.array(False))
+    arrays, rest = eqx.partition(tree, eqx.is_array)
+    arrays = lax.optimization_barrier((done, arrays))[1]
+    return eqx.combine(arrays, rest)
+
+
+def _caller_level() -> int:
+    """The `stacklevel` that attributes a warning issued by this function's caller to
+    the first frame outside this package: the user's call of the loop."""
+    package = os.path.dirname(__file__) + os.sep
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _same_on_every_device(flag, switch: str):
@@ -319,68 +397,121 @@ raise_if_p = jax.extend.core.Primitive("boundedloop_raise_if")
 raise_if_p.multiple_results = True
 
 
+# operands: `flag, *details, *leaves`; results: the leaves
 @raise_if_p.def_impl
-def _impl(flag, *leaves, msg, switch):
+def _impl(flag, *operands, msg, switch, n_details):
     del switch
-    return eqx.error_if(list(leaves), flag, msg)
+    return _error_if(flag, *operands, msg=msg, n_details=n_details)
 
 
 @raise_if_p.def_abstract_eval
-def _abstract_eval(flag, *leaves, msg, switch):
+def _abstract_eval(flag, *operands, msg, switch, n_details):
     del flag, msg, switch
-    return leaves
+    return operands[n_details:]
 
 
 def _jvp(primals, tangents, **params):
     # the tangents pass unchecked: they are computed with the primal outputs
     out = raise_if_p.bind(*primals, **params)
-    return out, list(tangents[1:])
+    return out, list(tangents[1 + params["n_details"] :])
 
 
 ad.primitive_jvps[raise_if_p] = _jvp
 
 
-def _transpose(cts, flag, *leaves, **params):
+def _transpose(cts, flag, *operands, **params):
     # the check stays in the transposed program, on the cotangents
+    n = params["n_details"]
     cts = [ad.instantiate_zeros(ct) for ct in cts]
-    return [None, *raise_if_p.bind(flag, *cts, **params)]
+    return [None] * (1 + n) + raise_if_p.bind(flag, *operands[:n], *cts, **params)
 
 
 ad.primitive_transposes[raise_if_p] = _transpose
 
 
 def _batch(args, dims, **params):
-    flag, *leaves = args
-    if dims[0] is not None:  # batched
+    n = params["n_details"]
+    flag, details, leaves = args[0], args[1 : 1 + n], args[1 + n :]
+    if dims[0] is not None:  # batched: the details of the first element that fails
+        first = jnp.argmax(flag, axis=dims[0])
+        details = [
+            d if dim is None else jnp.take(d, first, axis=dim)
+            for d, dim in zip(details, dims[1 : 1 + n])
+        ]
         flag = jnp.any(flag, axis=dims[0])
-    return raise_if_p.bind(flag, *leaves, **params), list(dims[1:])
+    else:  # the flag is the same for every element: the first element's details
+        details = [
+            d if dim is None else jnp.take(d, 0, axis=dim)
+            for d, dim in zip(details, dims[1 : 1 + n])
+        ]
+    out = raise_if_p.bind(flag, *details, *leaves, **params)
+    return out, list(dims[1 + n :])
 
 
 batching.primitive_batchers[raise_if_p] = _batch
 
 
-def _fire(msg):
-    raise RuntimeError(msg)
+def _fire(msg, *details):
+    raise RuntimeError(msg.format(*details) if details else msg)
 
 
-def _on_every_device(flag, *leaves, msg):
+def _on_every_device(flag, *operands, msg, n_details):
     """The check in a program partitioned over several devices: every device runs
     the callback, from a branch that every device takes, as `flag` is the same on
     each; the leaves come out of it only afterwards."""
+    details, leaves = operands[:n_details], operands[n_details:]
 
     def fire():
-        jax.debug.callback(functools.partial(_fire, msg), partitioned=True)
+        jax.debug.callback(functools.partial(_fire, msg), *details, partitioned=True)
         return flag
 
     done = lax.cond(flag, fire, lambda: flag)
     return lax.optimization_barrier((done, list(leaves)))[1]
 
 
-def _error_if(flag, *leaves, msg):
-    return eqx.error_if(list(leaves), flag, msg)
+def _error_if(flag, *operands, msg, n_details):
+    details, leaves = operands[:n_details], list(operands[n_details:])
+    if not n_details:
+        return eqx.error_if(leaves, flag, msg)
+    # The message is made on the host from the details: a callback keeps it under a
+    # key, which Equinox's error then reads (`_Kept`), so the message reaches the
+    # user as any `eqx.error_if`'s does (`bl.filter_jit` shows it cleanly).
+    key = lax.cond(
+        flag,
+        lambda: jax.pure_callback(
+            functools.partial(_keep, msg),
+            jax.ShapeDtypeStruct((), jnp.int32),
+            *details,
+        ),
+        lambda: jnp.array(0, jnp.int32),
+    )
+    return eqx.branched_error_if(leaves, flag, key, _Kept(msg))
 
 
-def _lowering(ctx, flag, *leaves, msg, switch):
+_kept: dict[int, str] = {}
+
+
+def _keep(msg, *details):
+    key = len(_kept) % 64 + 1  # the last messages only
+    _kept[key] = msg.format(*details)
+    return np.array(key, np.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Kept:
+    """`eqx.branched_error_if`'s messages: the one kept under `key` by `_keep`, or
+    `msg.summary()` where the callback gave no key (a TPU drops its results)."""
+
+    msg: object
+
+    def __getitem__(self, key: int) -> str:
+        return _kept.get(int(key)) or self.msg.summary()
+
+    def __len__(self) -> int:
+        return 65
+
+
+def _lowering(ctx, flag, *leaves, msg, switch, n_details):
     context = ctx.module_context.axis_context
     partitioned = isinstance(context, SPMDAxisContext) or (
         isinstance(context, ShardingContext) and context.num_devices > 1
@@ -395,9 +526,8 @@ def _lowering(ctx, flag, *leaves, msg, switch):
         fn = _on_every_device
     else:
         fn = _error_if
-    return mlir.lower_fun(functools.partial(fn, msg=msg), multiple_results=True)(
-        ctx, flag, *leaves
-    )
+    fn = functools.partial(fn, msg=msg, n_details=n_details)
+    return mlir.lower_fun(fn, multiple_results=True)(ctx, flag, *leaves)
 
 
 mlir.register_lowering(raise_if_p, _lowering)

@@ -1,6 +1,7 @@
 """`bl.while_loop` under `equinox.internal.while_loop`'s signature, the loop that
 diffrax and optimistix hand their solves."""
 
+from ._checks import client_buffer_checks
 from ._while_loop import while_loop
 
 
@@ -15,16 +16,21 @@ def equinox_style_while_loop(
       for `bl.while_loop`.
     - the rest (equinox's `kind`, `base`): ignored; the loop is always ours.
 
+    Equinox's rule for buffers lets a location be read before it is written where
+    the value read does not matter (diffrax's Runge-Kutta stages multiply unwritten
+    stages by zero), so by default only the writes are checked here.
+
     **Returns:** the final value of the loop.
     """
-    return while_loop(
-        cond_fun,
-        body_fun,
-        init_val,
-        max_steps=max_steps,
-        checkpoints=checkpoints,
-        buffers=buffers,
-    )
+    with client_buffer_checks():
+        return while_loop(
+            cond_fun,
+            body_fun,
+            init_val,
+            max_steps=max_steps,
+            checkpoints=checkpoints,
+            buffers=buffers,
+        )
 
 
 def equinox_default_checkpoints(

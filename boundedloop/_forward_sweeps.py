@@ -18,15 +18,10 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
-from . import _checkpoint_store, _cost_model, _progress
+from . import _buffer_checks, _checkpoint_store, _cost_model, _progress
 from ._batching import any_across_batch, select_if_batched
 from ._checkpoint_store import CheckpointStore
-from ._checks import (
-    check_stopped,
-    gather_violations,
-    raise_violations,
-    raise_violations_after,
-)
+from ._checks import check_stopped
 from ._shard_map import varying_while_loop
 from ._step import advance
 from ._store_rules import store_rule
@@ -37,40 +32,38 @@ def _within(step, max_steps):
     return True if max_steps is None else step < max_steps
 
 
-def _masks(bufs):
-    """The buffer checks' state: which elements are written, and no violations."""
-    none = jnp.array(False)
-    return tuple(jnp.zeros(b.shape, bool) for b in bufs), (none, none)
+def _checks(loop: TracedLoop, config: LoopConfig):
+    """The buffer checks' initial state (`_buffer_checks`), or `None`: unchecked."""
+    if config.buffer_check is None or not loop.bufs:
+        return None
+    return _buffer_checks.initial(loop.bufs, loop.layout, config.read_check)
 
 
-def _going_on(loop, x, bufs, written):
-    """Each element's predicate at `x`, with the buffer checks' violations raised."""
-    going = jnp.asarray(loop.cond(x, bufs), bool)
-    if written is not None:
-        going = raise_violations(going, written[1])
-    return going
+def _going_on(loop, x, bufs):
+    """Each element's predicate at `x`."""
+    return jnp.asarray(loop.cond(x, bufs), bool)
 
 
-def _active(loop, x, bufs, written):
+def _active(loop, x, bufs):
     """Inside a masked loop's body: which elements step. The loop runs while any
     element's predicate holds, so without a batch this is `True` and the predicate
     is evaluated once per step, in the loop's condition (as `lax.while_loop`
     evaluates it); under `vmap` it is each element's predicate. An element that
     stops keeps its carry and buffers, so its predicate stays false."""
-    going = _going_on(loop, x, bufs, written)
+    going = _going_on(loop, x, bufs)
     # `going | True`: true, typed as `going` (inside `shard_map` too)
     return select_if_batched(going, jnp.logical_or(going, True), going)
 
 
-def _finish(loop: TracedLoop, config: LoopConfig, tree):
-    """`tree`, with `bl.max_steps_check`'s error attached when it is on."""
+def _finish(loop: TracedLoop, config: LoopConfig, tree, checks=None):
+    """`tree`, with the buffer checks' error attached (for the violations in
+    `checks`), and `bl.max_steps_check`'s when it is on."""
+    tree = _buffer_checks.raise_violations(
+        config.buffer_check, loop.layout, loop.bufs, checks, tree
+    )
     if config.stop_check is None:
         return tree
     return check_stopped(loop, tree, config.stop_check, config.max_steps)
-
-
-def _body(loop: TracedLoop):
-    return loop.body if loop.checked_body is None else loop.checked_body
 
 
 @jax.named_scope("boundedloop_forward")
@@ -81,7 +74,7 @@ def plain_sweep(loop: TracedLoop, config: LoopConfig):
 
     The final `(x, bufs)`.
     """
-    body = _body(loop)
+    body = loop.body
     max_steps = config.max_steps
     meter = _progress.start(max_steps)  # None unless `bl.progress_meter` is on
     if not loop.bufs:
@@ -101,11 +94,11 @@ def plain_sweep(loop: TracedLoop, config: LoopConfig):
         return _finish(loop, config, (final, ()))
 
     going, step = _stepping(loop, body, max_steps, meter)
-    written = None if loop.checked_body is None else _masks(loop.bufs)
-    state = (jnp.array(0, jnp.int32), loop.init, loop.bufs, written, None)
-    t, x, bufs, written, _ = varying_while_loop(going, step, state)
+    checks = _checks(loop, config)
+    state = (jnp.array(0, jnp.int32), loop.init, loop.bufs, checks, None)
+    t, x, bufs, checks, _ = varying_while_loop(going, step, state)
     _progress.done(meter, t)
-    return _finish(loop, config, raise_violations_after(written, (x, bufs)))
+    return _finish(loop, config, (x, bufs), checks)
 
 
 class _Stores(NamedTuple):
@@ -160,24 +153,24 @@ def _initial_stores(
 
 
 def _stepping(loop: TracedLoop, body, max_steps, meter):
-    """`(going, step)` on `(t, x, bufs, written, trips)`: whether the loop goes
+    """`(going, step)` on `(t, x, bufs, checks, trips)`: whether the loop goes
     on, and one masked step, counting each element's trips (unless `trips` is
-    `None`)."""
+    `None`) and checking the buffer rules (unless `checks` is `None`)."""
 
     def going(stepping):
-        t, x, bufs, written, _ = stepping
-        on = any_across_batch(_going_on(loop, x, bufs, written))
+        t, x, bufs, _, _ = stepping
+        on = any_across_batch(_going_on(loop, x, bufs))
         return jnp.logical_and(_within(t, max_steps), on)
 
     def step(stepping):
-        t, x, bufs, written, trips = stepping
-        active = _active(loop, x, bufs, written)
-        new_x, bufs, new = advance(body, loop.layout, x, bufs, active, written)
+        t, x, bufs, checks, trips = stepping
+        active = _active(loop, x, bufs)
+        new_x, bufs, checks = advance(body, loop.layout, x, bufs, active, checks)
         x = select_if_batched(active, new_x, x)
         if trips is not None:
             trips = trips + active.astype(jnp.int32)
         _progress.tick(meter, t + 1)
-        return t + 1, x, bufs, gather_violations(written, new), trips
+        return t + 1, x, bufs, checks, trips
 
     return going, step
 
@@ -200,14 +193,14 @@ def checkpointed_sweep(loop: TracedLoop, config: LoopConfig, perturbed=None):
 
     `((x, bufs), tape)`: the final arrays (equal to `plain_sweep`'s) and the `CheckpointStore`.
     """
-    body = _body(loop)
+    body = loop.body
     max_steps, slots = config.max_steps, config.checkpoints
     meter = _progress.start(max_steps)  # None unless `bl.progress_meter` is on
     rows = [jax.ShapeDtypeStruct((slots, *x.shape), x.dtype) for x in loop.init]
     in_order = _cost_model.runs_in_order(body, slots, max_steps, (rows, loop.bufs))
     rule = store_rule(slots, max_steps, config.known_length, in_order)
 
-    # the carry: `stepping = (t, x, bufs, written, trips)` and `_Stores`
+    # the carry: `stepping = (t, x, bufs, checks, trips)` and `_Stores`
     going, step = _stepping(loop, body, max_steps, meter)
 
     def store_every_step(state):
@@ -227,8 +220,7 @@ def checkpointed_sweep(loop: TracedLoop, config: LoopConfig, perturbed=None):
         return stepping, _store_event(rule, *stepping[:2], stores, going(stepping))
 
     zero = jnp.array(0, jnp.int32)
-    written = None if loop.checked_body is None else _masks(loop.bufs)
-    stepping = (zero, loop.init, loop.bufs, written, zero)
+    stepping = (zero, loop.init, loop.bufs, _checks(loop, config), zero)
     stores = _initial_stores(loop, slots, perturbed, in_order)
     if rule is None:
         outer = store_every_step
@@ -238,7 +230,7 @@ def checkpointed_sweep(loop: TracedLoop, config: LoopConfig, perturbed=None):
     stepping, stores = varying_while_loop(
         lambda state: going(state[0]), outer, (stepping, stores)
     )
-    length, x, bufs, written, trips = stepping
+    length, x, bufs, checks, trips = stepping
     _progress.done(meter, length)
     positions = stores.positions
     used = jnp.sum(positions != _checkpoint_store.UNUSED, dtype=jnp.int32)
@@ -247,8 +239,7 @@ def checkpointed_sweep(loop: TracedLoop, config: LoopConfig, perturbed=None):
         positions = jnp.where(steps < length, steps, _checkpoint_store.UNUSED)
         used = jnp.minimum(length, slots)
     # the checks travel with the trip count too, which every backward pass reads
-    tree = raise_violations_after(written, (x, bufs, length))
-    x, bufs, length = _finish(loop, config, tree)
+    x, bufs, length = _finish(loop, config, (x, bufs, length), checks)
     return (x, bufs), CheckpointStore(
         stores.storage, positions, used, trips, length, bufs
     )

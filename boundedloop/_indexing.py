@@ -8,8 +8,9 @@ and writes are one `lax.dynamic_slice` / `lax.dynamic_update_slice` of the windo
 the index covers (a strided slice takes a static gather or scatter inside that
 window), so XLA updates a buffer in place.
 
-Integers count from the end when negative, as NumPy's do; out-of-range integers are
-clamped, as `lax.dynamic_slice` does.
+Integers count from the end when negative, as NumPy's do. Out of range, a Python
+integer is an `IndexError` (as for a `jnp` array); a traced one is clamped when read
+and its write is dropped (see `Index.in_bounds`), as `jnp` reads and writes do.
 """
 
 import equinox as eqx
@@ -37,9 +38,25 @@ class Index(eqx.Module):
 
     pattern: tuple = eqx.field(static=True)
     ints: tuple[Int[Array, ""], ...]
+    # the integers, where all were Python integers; else None
+    static_ints: tuple[int, ...] | None = eqx.field(static=True, default=None)
 
     def result_shape(self) -> tuple[int, ...]:
         return tuple(p[1] for p in self.pattern if p is not None)
+
+    def in_bounds(self, shape) -> Bool[Array, ""]:
+        """Whether every integer of the index is in range (`-dim <= i < dim`): a
+        `jnp` write at an out-of-range index is dropped."""
+        dims = [dim for p, dim in zip(self.pattern, shape) if p is None]
+        inside = jnp.array(True)
+        for i, dim in zip(self.ints, dims):
+            inside = inside & (i >= -dim) & (i < dim)
+        return inside
+
+    def describe(self, shape=None) -> str:
+        """The index as it is written, `[3, 1:4]` (`i` for a traced integer)."""
+        ints = self.ints if self.static_ints is None else self.static_ints
+        return describe_index(self.pattern, ints, shape)
 
     def window(self, shape):
         """The covered box: `(starts, sizes, positions)`, where `positions[a]` are
@@ -73,6 +90,30 @@ class Index(eqx.Module):
         return out
 
 
+def describe_index(pattern: tuple, ints, shape=None) -> str:
+    """An index of static `pattern` (`Index.pattern`) as it is written, `[3, 1:4]`,
+    with `ints` for its integers (`i` for a traced one). With the buffer's `shape`,
+    a slice over a whole axis is `:`, and trailing ones are left out."""
+    ints = iter(ints)
+    shape = [None] * len(pattern) if shape is None else shape
+    parts = []
+    for p, dim in zip(pattern, shape):
+        if p is None:
+            i = next(ints)
+            parts.append("i" if isinstance(i, jax.core.Tracer) else str(int(i)))
+            continue
+        start, size, step = p
+        if (start, size, step) == (0, dim, 1):
+            parts.append(":")
+            continue
+        stop = start + size * step
+        end = "" if step < 0 and stop < 0 else str(stop)
+        parts.append(f"{start}:{end}" + ("" if step == 1 else f":{step}"))
+    while len(parts) > 1 and parts[-1] == ":":
+        parts.pop()
+    return f"[{', '.join(parts)}]"
+
+
 def make_index(idx, shape: tuple[int, ...]) -> Index:
     """Normalise `idx` (as given to `buf[idx]`) for an array of shape `shape`."""
     idx = idx if isinstance(idx, tuple) else (idx,)
@@ -88,14 +129,22 @@ def make_index(idx, shape: tuple[int, ...]) -> Index:
             f"Too many indices for a buffer of rank {len(shape)}: got {len(idx)}."
         )
     idx = idx + (slice(None),) * (len(shape) - len(idx))
-    pattern, ints = [], []
+    pattern, ints, static = [], [], []
     for i, dim in zip(idx, shape):
         if isinstance(i, slice):
             pattern.append(_static_slice(i, dim))
         else:
+            if isinstance(i, int | np.integer) and not -dim <= i < dim:
+                raise IndexError(
+                    f"Buffer index {int(i)} is out of bounds for an axis of size "
+                    f"{dim} (a buffer of shape {tuple(shape)})."
+                )
+            if isinstance(i, int | np.integer):
+                static.append(int(i))
             ints.append(_integer(i))
             pattern.append(None)
-    return Index(tuple(pattern), tuple(ints))
+    known = tuple(static) if len(static) == len(ints) else None
+    return Index(tuple(pattern), tuple(ints), known)
 
 
 def _static_slice(s: slice, dim: int) -> tuple[int, int, int]:

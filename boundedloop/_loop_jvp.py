@@ -57,18 +57,17 @@ class LoopJVP:
         """The JVP of `plain_sweep`: one sweep, each step's primal and tangent
         together."""
         loop = self.parts.loop(leaves)
-        if loop.checked_body is not None:  # `bl.buffer_checks`: a debugging mode
-            return self.two_pass(leaves, t_in)
         varying, fixed, t_varying = seeded_tangents(
             loop.differentiable(), self.parts.wanted, self.parts.perturbed, t_in
         )
 
-        # `bl.max_steps_check`'s error is attached below, to the tangents as well
+        # `bl.max_steps_check`'s error is attached below, to the tangents as well;
+        # the buffer checks' to the primal outputs, in the sweep
         unchecked = dataclasses.replace(self.parts.config, stop_check=None)
 
         def run(varying):
             body, init, bufs = vary_everywhere(eqx.combine(varying, fixed))
-            plain = TracedLoop(body, loop.cond, None, init, bufs, loop.layout)
+            plain = TracedLoop(body, loop.cond, init, bufs, loop.layout)
             return plain_sweep(plain, unchecked)
 
         (x, bufs), t_out = jax.jvp(run, (varying,), (t_varying,))

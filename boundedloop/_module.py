@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool
 
 from ._captured_arrays import hoist_arrays
+from ._stats import LoopStats
 from ._while_loop import while_loop
 
 
@@ -88,8 +89,13 @@ class LoopModule(eqx.Module, Generic[Carry]):
         return None
 
     def run(
-        self, init: Carry, *, max_steps: int | None, checkpoints: int | None = None
-    ) -> Carry:
+        self,
+        init: Carry,
+        *,
+        max_steps: int | None,
+        checkpoints: int | None = None,
+        stats: bool = False,
+    ) -> Carry | tuple[Carry, LoopStats]:
         """Run the checkpointed bounded loop from `init`: `bl.while_loop(self.cond,
         self.body, init, ...)`, differentiable with respect to `init` and to the
         module's array fields.
@@ -100,10 +106,12 @@ class LoopModule(eqx.Module, Generic[Carry]):
         - `max_steps`: the most steps to take, or `None` for no bound.
         - `checkpoints`: carry copies the backward pass may hold; see
             `bl.while_loop`.
+        - `stats`: whether to return a [`bl.LoopStats`][boundedloop.LoopStats] too:
+            the steps taken, and whether the loop ran out of steps.
 
         **Returns:**
 
-        The final carry.
+        The final carry; with `stats=True`, `(final_carry, stats)`.
         """
         buffers = None if type(self).buffers is LoopModule.buffers else self.buffers
         return while_loop(
@@ -113,6 +121,7 @@ class LoopModule(eqx.Module, Generic[Carry]):
             max_steps=max_steps,
             checkpoints=checkpoints,
             buffers=buffers,
+            stats=stats,
         )
 
 
@@ -129,6 +138,26 @@ class Loop(LoopModule):
     `Loop` (cheap; `bl.filter_jit` reuses the compiled program) to run with other
     values. A recursive closure over arrays is an error (its inner calls could not
     be differentiated).
+
+    A gradient with respect to a `Loop` is a `Loop` of the same structure, and a
+    closure's arrays are found by the names the closure uses for them: a closure
+    becomes a module whose field `closure` maps each name it captured arrays under
+    (a free variable or a parameter with a default) to them, nested the same way for
+    a function or `Partial` captured in turn.
+
+    ```python
+    def body(carry):  # closes over `A`, an array, and `mix`, a `Partial`
+        x, i = carry
+        return jnp.tanh(A @ x) + mix(x), i + 1
+
+    loop = bl.Loop(lambda c: c[1] < 10, body)
+    g = bl.filter_grad(lambda lp: jnp.sum(lp.run((x0, 0), max_steps=64)[0]))(loop)
+    g.body_fun.closure["A"]            # dL/dA
+    g.body_fun.closure["mix"].args[0]  # the gradient of the Partial's argument
+    ```
+
+    A `Partial` given directly is its own gradient's structure: the gradient of
+    `bl.Loop(cond, jax.tree_util.Partial(f, A))` has dL/dA at `g.body_fun.args[0]`.
 
     A subclass may override `cond`, `body` or `buffers`; `run` calls them.
 

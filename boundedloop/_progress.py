@@ -1,11 +1,14 @@
 """The opt-in progress meter: a tqdm bar fed from inside the compiled loop.
 
-The forward sweeps call `tick` after each step and `done` after the loop. With the
-meter off (the default) both are no-ops at trace time, so the compiled program is
-exactly what it would be without them. With it on, every `every` steps the loop
-makes one host callback (`jax.debug.callback`, under a `lax.cond`) that moves the
-bar; tqdm throttles what it draws. The step count is reduced over the batch under
-`vmap` (`_shared`), so a batch makes one callback per update, not one per element.
+The forward sweeps call `tick` after each step and `done` after the loop; the
+reverse sweep of a gradient does the same with a meter of its own (`start(...,
+reverse=True)`), counting the steps reversed. With the meter off (the default) all
+of these are no-ops at trace time, so the compiled program is exactly what it would
+be without them. With it on, every `every` steps the loop makes one host callback
+(`jax.debug.callback`, under a `lax.cond`) that moves the bar; tqdm throttles what it
+draws. `done` sets the bar's total to the steps taken, so a bar ends full however
+early its loop stopped. The step count is reduced over the batch under `vmap`
+(`_shared`), so a batch makes one callback per update, not one per element.
 """
 
 import contextlib
@@ -77,13 +80,24 @@ def progress_meter(
     every `bl.while_loop`, `bl.scan`, `bl.fori_loop` and `LoopModule.run` traced in
     the block reports its step count to a [tqdm](https://tqdm.github.io) bar through
     a host callback every `every` steps, and once more when it ends. A bar appears
-    once a loop has taken `every` steps, so short loops stay quiet. Under
-    `jax.vmap` the bar counts the batch's steps (those of its longest element). The
-    backward pass of a gradient is not metered.
+    once a loop has taken `every` steps, so short loops stay quiet.
+
+    The bar's total starts as `max_steps` (`None` for a loop with `max_steps=None`:
+    tqdm then shows a count and a rate, not a percentage). When the loop ends the
+    total becomes the steps actually taken, so a loop that stops early still ends at
+    100%, reading e.g. `57/57`.
+
+    Under a gradient (`jax.grad`, `jax.vjp`, ...) a second bar follows, labelled
+    `desc + " (reverse)"`: its total is the steps the forward pass took, and it
+    counts the steps reversed (each reversal includes its share of the
+    checkpointing's recomputation, so it moves less evenly than the forward bar).
+    Under `jax.vmap` there is one bar per loop, not one per element: it counts the
+    batch's steps (those of its longest element).
 
     ```python
     with bl.progress_meter():
         out = jax.jit(f)(x)   # f calls bl.while_loop(..., max_steps=10**6)
+        g = jax.jit(jax.grad(loss))(x)   # two bars: forward, then "(reverse)"
     ```
 
     Needs tqdm (`pip install tqdm`, or `pip install -e '.[progress]'` in a
@@ -98,10 +112,11 @@ def progress_meter(
         `ceil(max_steps / 100)` (about 100 updates over the whole bound), or 1000 for
         a loop with `max_steps=None`. Each update is one host callback, which costs
         about as much as a small step: keep it well above 1 for cheap bodies.
-    - `desc`: the bar's label.
+    - `desc`: the bar's label (the reverse sweep's bar adds `" (reverse)"`).
     - `tqdm_class`: the bar to use, called as `tqdm_class(total=..., desc=...,
-        **tqdm_kwargs)` and then used through `.n`, `.update(k)` and `.close()`.
-        Default: `tqdm.auto.tqdm`.
+        **tqdm_kwargs)` and then used through `.n`, `.update(k)`, `.total` (set to
+        the steps taken when the loop ends) and `.close()`. Default:
+        `tqdm.auto.tqdm`.
     - `tqdm_kwargs`: passed on to `tqdm_class`, e.g. `leave=False`.
     """
     if every is not None and (
@@ -118,9 +133,11 @@ def progress_meter(
 
 
 class Meter:
-    """One traced loop's meter. Its host methods run inside the callbacks."""
+    """One traced loop's meter (one sweep's: a gradient's reverse sweep has its
+    own). Its host methods run inside the callbacks, and open a bar per run of the
+    compiled program."""
 
-    def __init__(self, settings: _Settings, max_steps: int | None):
+    def __init__(self, settings: _Settings, max_steps: int | None, reverse: bool):
         if settings.every is not None:
             self.every = settings.every
         elif max_steps is None:
@@ -128,28 +145,36 @@ class Meter:
         else:
             self.every = max(1, math.ceil(max_steps / UPDATES))
         self.settings = settings
-        self.total = max_steps
+        # the forward bar's total until the loop ends; the reverse sweep's is
+        # known only at run time (the steps taken), and comes with each callback
+        self.total = None if reverse else max_steps
+        self.desc = f"{settings.desc} (reverse)" if reverse else settings.desc
         self.bar = None
 
-    def _update(self, steps):
+    def _update(self, steps, total=None):
         steps = int(steps)
         if self.bar is None:
+            total = self.total if total is None else int(total)
             s = self.settings
-            self.bar = s.tqdm_class(total=self.total, desc=s.desc, **s.kwargs)
+            self.bar = s.tqdm_class(total=total, desc=self.desc, **s.kwargs)
         if steps > self.bar.n:
             self.bar.update(steps - self.bar.n)
 
     def _close(self, steps):
         if self.bar is not None:  # a loop shorter than `every` steps shows nothing
+            # the steps taken become the total, so the bar ends full (tqdm draws
+            # the closed bar with it)
+            self.bar.total = int(steps)
             self._update(steps)
             self.bar.close()
             self.bar = None
 
 
-def start(max_steps: int | None) -> Meter | None:
-    """At trace time: the meter for a loop bounded by `max_steps`, or `None` (off)."""
+def start(max_steps: int | None, reverse: bool = False) -> Meter | None:
+    """At trace time: the meter for a loop bounded by `max_steps` (for its reverse
+    sweep, `reverse`), or `None` (off)."""
     settings = _settings.value
-    return None if settings is None else Meter(settings, max_steps)
+    return None if settings is None else Meter(settings, max_steps, reverse)
 
 
 @jax.custom_batching.custom_vmap
@@ -164,11 +189,16 @@ def _shared_vmap(axis_size, in_batched, steps):
     return jnp.max(steps), False
 
 
+def _count(steps):
+    """`steps` as the batch's one int32 count."""
+    return _shared(jnp.asarray(steps, jnp.int32))
+
+
 def tick(meter: Meter | None, steps):
     """Inside the loop, after a step: report `steps` (steps taken) every `every`."""
     if meter is None:
         return
-    steps = _shared(jnp.asarray(steps, jnp.int32))
+    steps = _count(steps)
     lax.cond(
         steps % meter.every == 0,
         lambda: jax.debug.callback(meter._update, steps),
@@ -176,7 +206,22 @@ def tick(meter: Meter | None, steps):
     )
 
 
+def tick_reverse(meter: Meter | None, before, steps, total):
+    """Inside the reverse sweep, after an iteration that took the count of steps
+    reversed from `before` to `steps` (one step or several): report `steps` if it
+    passed a multiple of `every`. `total`: the steps the forward pass took."""
+    if meter is None:
+        return
+    before, steps, total = _count(before), _count(steps), _count(total)
+    lax.cond(
+        steps // meter.every > before // meter.every,
+        lambda: jax.debug.callback(meter._update, steps, total),
+        lambda: None,
+    )
+
+
 def done(meter: Meter | None, steps):
-    """After the loop: the final count, and close the bar."""
+    """After the loop: the final count, which becomes the bar's total, and close
+    the bar."""
     if meter is not None:
-        jax.debug.callback(meter._close, _shared(jnp.asarray(steps, jnp.int32)))
+        jax.debug.callback(meter._close, _count(steps))

@@ -35,7 +35,7 @@ import jax.tree_util as jtu
 from jax import lax
 from jaxtyping import Array, Int
 
-from . import _checkpoint_store, _cost_model
+from . import _checkpoint_store, _cost_model, _progress
 from ._batching import select_if_batched
 from ._checkpoint_store import CheckpointStore
 from ._recompute import initial_stack, make_sweep, recompute, Stack, Sweep
@@ -169,6 +169,19 @@ def _steps_left(state: ReverseState):
     return (state.end > 0) | (state.stack.depth < 0)
 
 
+def _metered(reverse, meter: _progress.Meter, length):
+    """`reverse` (an iteration of the sweep's loop: a step reversed, or with cheap
+    steps a run of them) reporting the steps reversed to `bl.progress_meter`'s
+    reverse bar, whose total is the steps taken, `length`."""
+
+    def metered(state: ReverseState) -> ReverseState:
+        new = reverse(state)
+        _progress.tick_reverse(meter, length - state.end, length - new.end, length)
+        return new
+
+    return metered
+
+
 @jax.named_scope("boundedloop_reverse")
 def reverse_sweep(
     step: ReversibleStep, tape: CheckpointStore, ct_final, ct_bufs, config: LoopConfig
@@ -196,6 +209,15 @@ def reverse_sweep(
         step.zero_ct_body(),
     )
     reverse = reverse_stored if sweep.every_step_stored else reverse_segment
-    state = varying_while_loop(_steps_left, functools.partial(reverse, sweep), state)
+    reverse = functools.partial(reverse, sweep)
+    meter = _progress.start(config.max_steps, reverse=True)  # None unless metered
+    if meter is not None:
+        reverse = _metered(reverse, meter, tape.length)
+    state = varying_while_loop(_steps_left, reverse, state)
+    if meter is not None:
+        # the count read off the loop's result (`end == 0`), so that the bar is
+        # closed after the loop: an unordered callback reading only `tape.length`
+        # may run before it
+        _progress.done(meter, tape.length - state.end)
     ct_init = unread_ct(sweep, state.ct, tape.trips == 0)
     return state.ct_body, ct_init, state.ct_bufs

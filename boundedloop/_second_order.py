@@ -50,11 +50,11 @@ def _rerun(loop_fn, loop: TracedLoop, config: LoopConfig):
     `None`s with zeros, and `run(varying) -> flat outputs`.
     """
     varying, fixed = eqx.partition(loop.differentiable(), eqx.is_inexact_array)
-    unchecked = dataclasses.replace(config, stop_check=None)
+    unchecked = dataclasses.replace(config, stop_check=None, buffer_check=None)
 
     def run(varying):
         body, init, bufs = eqx.combine(varying, fixed)
-        plain = TracedLoop(body, loop.cond, None, init, bufs, loop.layout)
+        plain = TracedLoop(body, loop.cond, init, bufs, loop.layout)
         return jtu.tree_leaves(loop_fn(plain, unchecked))
 
     def combine(tree):
@@ -202,7 +202,7 @@ class ReverseOverAnything:
         body, cond, init, tape = residuals.unpack(res_leaves)
         # a leaf tracing left constant (a Python bool) is an array to the loop
         init = tuple(jnp.asarray(v) for v in init)
-        loop = TracedLoop(body, cond, None, init, tape.bufs, self.parts.config.layout)
+        loop = TracedLoop(body, cond, init, tape.bufs, self.parts.config.layout)
         out_leaves = jtu.tree_leaves((loop.init, loop.bufs))
         cts = fill(self.parts.out_perturbed, cts, lambda k: zero_ct(out_leaves[k]))
         v = jtu.tree_unflatten(

@@ -17,9 +17,14 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from ._buffers import Buffer, find_buffers, StepTrace
+from ._buffers import (
+    Buffer,
+    buffer_names,
+    check_returned_newest,
+    find_buffers,
+    StepTrace,
+)
 from ._checked_store import CheckedStore
-from ._checks import buffer_checks_enabled
 from ._closure import closure_convert, with_inputs_added
 from ._dtypes import is_weak, promote_weak_inputs, strong, weak
 from ._errors import check_carry_match, check_predicate
@@ -65,7 +70,6 @@ class StepIn(NamedTuple):
     bufs: tuple  # the buffer leaves
     dummies: tuple  # stand-ins for the reads' tangents (see `_buffers._read`)
     active: Any  # scalar bool: buffer writes happen only where true
-    written: Any  # None, or the buffer checks' `(masks, violations)`
 
 
 class StepOut(NamedTuple):
@@ -73,7 +77,6 @@ class StepOut(NamedTuple):
 
     x: tuple  # the new ordinary leaves
     bufs: tuple  # the buffers after this step's writes
-    written: Any  # None, or the buffer checks' state after this step
     writes: tuple  # `(value, index, pred)` per write, in order
     reads: tuple  # the `Index` of each read, in order
 
@@ -81,15 +84,13 @@ class StepOut(NamedTuple):
 class TracedLoop(eqx.Module):
     """A user's loop, traced once and closure-converted.
 
-    `body` is `StepIn -> StepOut`, `checked_body` the same with the buffer checks on
-    (or `None`), `cond(x, bufs)` the predicate. `init` and `bufs` are the initial
-    arrays. Only `body`, `init` and `bufs` are differentiated: the predicate is
-    piecewise constant, and `checked_body` computes what `body` does.
+    `body` is `StepIn -> StepOut`, `cond(x, bufs)` the predicate. `init` and `bufs`
+    are the initial arrays. Only `body`, `init` and `bufs` are differentiated: the
+    predicate is piecewise constant.
     """
 
     body: Callable
     cond: Callable
-    checked_body: Callable | None
     init: tuple
     bufs: tuple
     layout: "Layout" = eqx.field(static=True)
@@ -119,6 +120,8 @@ class Layout(eqx.Module):
     weak_out: tuple[bool, ...] = eqx.field(static=True, default=())  # per leaf
     # buffers the body hands to an inner loop
     shared: frozenset[int] = eqx.field(static=True, default=frozenset())
+    # the body's reads, writes and hand-overs of buffers, in order (`_buffers.Site`)
+    sites: tuple = eqx.field(static=True, default=())
 
     def split(self, leaves):
         x = tuple(v for k, v in enumerate(leaves) if k not in self.buffer_pos)
@@ -152,6 +155,10 @@ class LoopConfig(eqx.Module):
     known_length: bool = eqx.field(static=True, default=False)
     # the loop's name for `bl.max_steps_check`'s error, or None: no check
     stop_check: str | None = eqx.field(static=True, default=None)
+    # the loop's name for the buffer checks' errors, or None: no check
+    buffer_check: str | None = eqx.field(static=True, default=None)
+    # which reads the buffer checks check (`_checks.buffer_check_reads`)
+    read_check: str | None = eqx.field(static=True, default=None)
 
 
 class BodyOutput(NamedTuple):
@@ -178,19 +185,14 @@ def _generic_body(
     (see `_trace_body`)."""
 
     def generic(step: StepIn) -> StepOut:
-        written = step.written
         dummies = step.dummies
         if seen is not None:
             # each read adds its dummy to the inputs of the jaxpr traced now
             building = current_trace()
             dummies = functools.partial(new_input, building, like=step.active)
+        names = buffer_names(layout, step.bufs)
         trace = StepTrace(
-            step.bufs,
-            dummies,
-            step.active,
-            None if written is None else written[0],
-            layout.shared,
-            gate=gate,
+            step.bufs, dummies, step.active, layout.shared, gate=gate, names=names
         )
         views = [Buffer(trace, k) for k in range(len(step.bufs))]
         out = body_fun(layout.rebuild(step.x, views))
@@ -210,20 +212,22 @@ def _generic_body(
         )
         leaves = jtu.tree_leaves(out_dynamic, is_leaf=is_buffer)
         for j, k in enumerate(layout.buffer_pos):
-            if k >= len(leaves) or leaves[k] is not views[j]:
+            returned = leaves[k] if k < len(leaves) else None
+            if not (
+                isinstance(returned, Buffer)
+                and returned._trace is trace
+                and returned._leaf == j
+            ):
                 raise TypeError(
                     f"`{name}`: `body_fun` must return each buffer it was given "
                     "(the result of `buf.at[i].set(...)`, or `buf` itself) in the "
-                    "same place of the carry."
+                    f"same place of the carry ({trace.name(j)})."
                 )
+            check_returned_newest(trace, returned, name)
         new_x, _ = layout.split(leaves)
         writes = tuple((w.value, w.index, w.pred) for w in trace.writes)
         reads = tuple(index for _, index, _ in trace.reads)
-        written = None
-        if trace.written is not None:
-            violations = (trace.double_write, trace.unwritten_read)
-            written = (tuple(trace.written), violations)
-        return StepOut(tuple(new_x), tuple(trace.arrays), written, writes, reads)
+        return StepOut(tuple(new_x), tuple(trace.arrays), writes, reads)
 
     return generic
 
@@ -234,8 +238,7 @@ def trace_loop(
     """Check and closure-convert `cond_fun` and `body_fun` against `init_val`;
     `gate` (see `_buffers.lent_gate`) guards the writes to lent buffers.
 
-    The body is traced once, as `lax.while_loop` traces it (`_trace_body`); again
-    with `bl.buffer_checks` on (the checked body tracks what each step wrote)."""
+    The body is traced once, as `lax.while_loop` traces it (`_trace_body`)."""
     dynamic, static = eqx.partition(init_val, is_carried)
     dynamic = jtu.tree_map(jnp.asarray, dynamic)  # Python numbers: weakly typed
     buffer_pos = (
@@ -256,19 +259,14 @@ def trace_loop(
         write_leaves=tuple(w.leaf for w in trace.writes),
         weak_out=tuple(is_weak(o) for o in _out_avals(out, like)),
         shared=frozenset(trace.shared),
+        sites=tuple(trace.sites),
     )
     true = jnp.array(True)
     # traced with lax's (weak) carry types, run on strongly typed arrays
-    example = StepIn(x0, bufs0, layout.read_stand_ins(), true, None)
+    example = StepIn(x0, bufs0, layout.read_stand_ins(), true)
     if trace.reads:
         # the reads' dummies, added last while tracing, go after the buffers
         body = with_inputs_added(body, len(x0) + len(bufs0), example)
-    checked = None
-    if buffer_pos and buffer_checks_enabled():
-        generic = _generic_body(body_fun, layout, like, name, gate)
-        masks = tuple(jnp.zeros(b.shape, bool) for b in bufs0)
-        written = (masks, (true, true))
-        checked = closure_convert(generic, example._replace(written=written))
 
     def cond_dynamic(x, bufs):
         return cond_fun(layout.rebuild(x, bufs))
@@ -276,9 +274,7 @@ def trace_loop(
     cond = closure_convert(cond_dynamic, x0, bufs0)
     check_predicate(cond.out_shapes(), name)
     init = tuple(strong(v) for v in x0)
-    return TracedLoop(
-        body, cond, checked, init, tuple(strong(v) for v in bufs0), layout
-    )
+    return TracedLoop(body, cond, init, tuple(strong(v) for v in bufs0), layout)
 
 
 def _like(treedef, static, leaves):
@@ -316,7 +312,7 @@ def _trace_body(body_fun, layout: Layout, x0, bufs0, *, name, gate):
         like = _like(layout.treedef, layout.static, layout.merge(x0, bufs0))
         seen = CheckedStore("the body's output")
         generic = _generic_body(body_fun, layout, like, name, gate, seen)
-        body = closure_convert(generic, StepIn(x0, bufs0, (), jnp.array(True), None))
+        body = closure_convert(generic, StepIn(x0, bufs0, (), jnp.array(True)))
         output = seen.get()
         promoted, changed = promote_weak_inputs(
             x0, layout.split(_out_avals(output.shapes, like))[0]

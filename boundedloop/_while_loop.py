@@ -5,8 +5,16 @@ from typing import Any, TypeVar
 
 from ._autodiff import differentiable_loop
 from ._buffers import lend_buffers, lent_gate, return_buffers
-from ._checks import check_stopped, max_steps_check_enabled, tracing_a_loop
+from ._checks import (
+    buffer_check_reads,
+    buffer_checks_enabled,
+    can_raise_here,
+    check_stopped,
+    max_steps_check_mode,
+    tracing_a_loop,
+)
 from ._errors import check_checkpoints, check_max_steps
+from ._stats import count_steps, loop_stats, LoopStats
 from ._trace import LoopConfig, trace_loop
 
 
@@ -21,7 +29,8 @@ def while_loop(
     max_steps: int | None,
     checkpoints: int | None = None,
     buffers: Callable[[Carry], Any] | None = None,
-) -> Carry:
+    stats: bool = False,
+) -> Carry | tuple[Carry, LoopStats]:
     """As `jax.lax.while_loop`, stopping after at most `max_steps` steps, and
     reverse-mode differentiable at a cost proportional to the steps taken.
 
@@ -59,8 +68,9 @@ def while_loop(
     - `max_steps`: a non-negative `int`, the most steps to take; or `None` for no
         bound. Values above `2**31 - 1` (what the int32 step counter can count)
         act as `2**31 - 1`. Reaching it stops the loop
-        silently, as `lax` would; inside `with bl.max_steps_check():` it is an
-        error instead.
+        silently, as `lax` would; `stats=True` reports it, and inside
+        `with bl.max_steps_check():` it is an error instead (a warning with
+        `warn=True`).
     - `checkpoints`: how many copies of the carry the backward pass may hold, a
         positive `int`. `None` picks every step when `max_steps <= 16`, otherwise
         `ceil(log2(max_steps)) + 4` (16 at `max_steps=4096`), and 16 for
@@ -75,10 +85,22 @@ def while_loop(
         checkpointed. Each location may be written at most once, and only written
         locations may be read (see `bl.buffer_checks`). An outer loop's buffer in
         `init_val` is a buffer of this loop too (loops in loops share buffers).
+    - `stats`: whether to return, next to the final carry, a
+        [`bl.LoopStats`][boundedloop.LoopStats]: the number of steps taken and
+        whether the loop ran out of steps (reached `max_steps` while `cond_fun` was
+        still true). Counting costs an int32 added to the carry, and
+        gradients are unchanged. `False` (the default) adds nothing to the program.
 
     **Returns:**
 
-    The final carry.
+    The final carry; with `stats=True`, `(final_carry, stats)`:
+
+    ```python
+    final, stats = bl.while_loop(cond_fun, body_fun, init_val, max_steps=100,
+                                 stats=True)
+    stats.num_steps          # int32: the steps taken (one per element under vmap)
+    stats.max_steps_reached  # bool: stopped on max_steps with cond_fun still true
+    ```
 
     !!! warning
 
@@ -95,6 +117,7 @@ def while_loop(
         checkpoints=checkpoints,
         buffers=buffers,
         name="bl.while_loop",
+        stats=stats,
     )
 
 
@@ -108,8 +131,12 @@ def run_loop(
     buffers,
     name: str,
     known_length: bool = False,
+    stats: bool = False,
 ):
-    """`while_loop`, and the machinery `scan` shares: validate, trace, run."""
+    """`while_loop`, and the machinery `scan` shares: validate, trace, run.
+
+    With `stats`, returns `(final carry, LoopStats)`: the loop runs on a `Counted`
+    carry (see `_stats`) that the user's functions never see."""
     for arg, fn in [("cond_fun", cond_fun), ("body_fun", body_fun)]:
         if not callable(fn):
             raise TypeError(f"`{name}` needs `{arg}` to be callable, got {fn!r}.")
@@ -120,6 +147,10 @@ def run_loop(
             f"`{name}` needs `buffers` to be a function `carry -> node(s)`, got "
             f"{buffers!r}."
         )
+    if stats:  # a step counter next to the user's carry
+        cond_fun, body_fun, init_val, buffers = count_steps(
+            cond_fun, body_fun, init_val, buffers, name
+        )
     # an outer loop's buffers in the carry are buffers of this loop too
     init_val, buffers, lent = lend_buffers(init_val, buffers)
     with tracing_a_loop():  # checks traced in the body know they are in a loop
@@ -127,18 +158,29 @@ def run_loop(
             cond_fun, body_fun, init_val, buffers, name=name, gate=lent_gate(lent)
         )
     # a scan always takes all its steps; an unbounded loop never runs out
-    checked = max_steps_check_enabled() and not known_length and max_steps is not None
+    checked = not known_length and max_steps is not None
+    check = max_steps_check_mode() if checked else None
     if max_steps == 0:
         x, bufs = loop.init, loop.bufs
-        if checked:
+        if check == "raise":
             x, bufs = check_stopped(loop, (x, bufs), name, max_steps)
     else:
+        # the error is raised inside the loop's sweeps, tied to what they return
         config = LoopConfig(
             max_steps,
             checkpoints,
             loop.layout,
             known_length,
-            stop_check=name if checked else None,
+            stop_check=name if check == "raise" else None,
+            buffer_check=name if buffer_checks_enabled() and can_raise_here() else None,
+            read_check=buffer_check_reads(),
         )
         x, bufs = differentiable_loop(loop, config)
-    return return_buffers(loop.finish(x, bufs), lent)
+    if check == "warn":  # after the loop, outside its sweeps: once per forward pass
+        x, bufs = check_stopped(loop, (x, bufs), name, max_steps, warn=True)
+    out = return_buffers(loop.finish(x, bufs), lent)
+    if not stats:
+        return out
+    # the predicate on the final carry: still true only if the loop ran out of steps
+    still_going = None if max_steps is None else loop.cond(x, bufs)
+    return out.carry, loop_stats(out.steps, still_going, max_steps)

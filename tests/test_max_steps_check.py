@@ -1,7 +1,10 @@
-"""`bl.max_steps_check`: an opt-in error when a loop runs out of steps."""
+"""`bl.max_steps_check`: an opt-in error (or warning) when a loop runs out of
+steps."""
 
+import contextlib
 import functools
 import re
+import warnings
 
 import equinox as eqx
 import jax
@@ -39,15 +42,16 @@ def loss(x, n):
 
 
 @functools.cache
-def compiled(kind: str, checked: bool):
-    """One compiled function per kind; the trip count `n` is traced."""
+def compiled(kind: str, checked: bool | str):
+    """One compiled function per kind; the trip count `n` is traced. `checked`:
+    `True`, `False`, or `"warn"` for `bl.max_steps_check(warn=True)`."""
     fn = {
         "forward": loop,
         "grad": jax.grad(loss),
         "vmap": jax.vmap(loop),
         "vmap_grad": jax.vmap(jax.grad(loss)),
     }[kind]
-    with bl.max_steps_check(checked):
+    with bl.max_steps_check(bool(checked), warn=checked == "warn"):
         # trace and compile now, under the setting
         return jax.jit(lambda *args: fn(*args)).lower(*ARGS[kind]).compile()
 
@@ -268,3 +272,99 @@ def _logs_our_error(record) -> bool:
     return "callback failed" in record.getMessage() and bool(
         re.search(MESSAGE, str(error))
     )
+
+
+@contextlib.contextmanager
+def no_warnings():
+    """Fails if anything inside warns."""
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        yield
+    assert not [str(w.message) for w in record]
+
+
+@pytest.mark.parametrize("n", [50, MAX_STEPS + 1])
+def test_warns_when_max_steps_is_reached(n):
+    """With `warn=True` a loop that ran out of steps warns, once, and the program
+    goes on with the loop's result."""
+    with pytest.warns(UserWarning, match=MESSAGE) as record:
+        out = jax.block_until_ready(compiled("forward", "warn")(X, jnp.array(n)))
+    assert len(record) == 1
+    assert "Raise `max_steps`" in str(record[0].message)
+    assert tree_allclose(out, compiled("forward", False)(X, jnp.array(n)))
+    # eagerly, the warning points at the caller's line
+    with bl.max_steps_check(warn=True):
+        with pytest.warns(UserWarning, match=MESSAGE) as record:
+            loop(X, jnp.array(n))
+    assert len(record) == 1 and record[0].filename == __file__
+
+
+@pytest.mark.parametrize("n", [0, 3, MAX_STEPS])
+def test_no_warning_when_the_loop_ends_by_itself(n):
+    with no_warnings():
+        out = jax.block_until_ready(compiled("forward", "warn")(X, jnp.array(n)))
+        with bl.max_steps_check(warn=True):
+            loop(X, jnp.array(n))
+    assert int(out[1]) == n
+
+
+def test_warn_program():
+    """The warning is a host callback; nothing raises."""
+    with bl.max_steps_check(warn=True):
+        names = primitive_names(
+            jax.make_jaxpr(lambda x, n: loop(x, n))(X, jnp.array(50)).jaxpr
+        )
+    assert "debug_callback" in names
+    assert "boundedloop_raise_if" not in names
+
+
+def test_warns_under_vmap_once_for_the_batch():
+    f = compiled("vmap", "warn")
+    xs = ARGS["vmap"][0]
+    with no_warnings():
+        jax.block_until_ready(f(xs, jnp.array([2, MAX_STEPS, 0])))
+    with pytest.warns(UserWarning, match=MESSAGE) as record:
+        out = jax.block_until_ready(f(xs, jnp.array([2, MAX_STEPS + 1, 50])))
+    assert len(record) == 1
+    assert out[1].tolist() == [2, MAX_STEPS, MAX_STEPS]
+
+
+def test_warns_under_grad():
+    n = jnp.array(MAX_STEPS + 1)
+    with pytest.warns(UserWarning, match=MESSAGE) as record:
+        grad = jax.block_until_ready(compiled("grad", "warn")(X, n))
+    assert len(record) == 1
+    assert tree_allclose(grad, compiled("grad", False)(X, n))
+    xs = ARGS["vmap_grad"][0]
+    ns = jnp.array([1, MAX_STEPS, 30])
+    with pytest.warns(UserWarning, match=MESSAGE) as record:
+        grads = jax.block_until_ready(compiled("vmap_grad", "warn")(xs, ns))
+    assert len(record) == 1
+    assert tree_allclose(grads, compiled("vmap_grad", False)(xs, ns))
+    with no_warnings():
+        jax.block_until_ready(compiled("grad", "warn")(X, jnp.array(MAX_STEPS)))
+
+
+def test_warns_under_jit_grad_of_a_linear_loss():
+    """The backward pass of a linear loss never reads the forward's outputs: the
+    warning must not be pruned with them."""
+
+    def linear(x, n):
+        return jnp.sum(loop(x, n)[0])
+
+    with bl.max_steps_check(warn=True):
+        f = jax.jit(jax.grad(linear))
+        with pytest.warns(UserWarning, match=MESSAGE):
+            jax.block_until_ready(f(X, jnp.array(50)))
+
+
+def test_warns_for_zero_max_steps_and_loop_module():
+    f = jax.jit(lambda x, n: loop(x, n, max_steps=0))
+    with bl.max_steps_check(warn=True):
+        with pytest.warns(UserWarning, match="reached max_steps=0"):
+            jax.block_until_ready(f(X, jnp.array(1)))
+        with no_warnings():
+            jax.block_until_ready(f(X, jnp.array(0)))
+        g = bl.filter_jit(lambda m, x: m.run(x, max_steps=3))
+        with pytest.warns(UserWarning, match="reached max_steps=3"):
+            assert float(g(Halving(0.1), jnp.array(1.0))) == 0.125
