@@ -21,33 +21,49 @@ from ._checks import raise_if
 from ._indexing import describe_index, get, put
 
 
-class CheckState(eqx.Module):
-    """What the checks carry through the loop (per element, under `vmap`)."""
+class Found(eqx.Module):
+    """The first violation found: 1 + its `Layout.sites` entry, negated for a read
+    that the backward pass would get wrong (0: none); its step; the integers of
+    its index."""
 
-    masks: tuple  # per buffer, which locations are written
-    # per buffer, which locations were read while unwritten (reads "later" only)
-    early: tuple | None
-    steps: Int[Array, ""]  # the steps this element has taken
-    # the first violation: 1 + its `Layout.sites` entry, negated for a write to a
-    # location read before (0: none); its step; its index's integers
     site: Int[Array, ""]
     step: Int[Array, ""]
     ints: Int[Array, " rank"]
-    reads: str | None = eqx.field(static=True)  # `_checks.buffer_check_reads`
+
+    @classmethod
+    def none(cls, layout) -> "Found":
+        # how many integers the index of a checked read or write may hold
+        rank = max([1, *(sum(p is None for p in s.pattern) for s in layout.sites)])
+        zero = jnp.array(0, jnp.int32)
+        return cls(zero, zero, jnp.zeros(rank, jnp.int32))
+
+    def first(self, broken, code: int, step, index) -> "Found":
+        """This, or the violation `code` at `step` and `index` where `broken` and
+        none was found before."""
+        first = jnp.logical_and(broken, self.site == 0)
+        here = jnp.zeros_like(self.ints)
+        if index.ints:
+            here = here.at[: len(index.ints)].set(jnp.stack(index.ints))
+        return Found(
+            jnp.where(first, code, self.site),
+            jnp.where(first, step, self.step),
+            jnp.where(first, here, self.ints),
+        )
 
 
-def _rank(layout) -> int:
-    """How many integers the index of a checked read or write may hold."""
-    counts = [sum(p is None for p in s.pattern) for s in layout.sites]
-    return max([1, *counts])
+class CheckState(eqx.Module):
+    """What the forward sweep's checks carry (per element, under `vmap`)."""
+
+    masks: tuple  # per buffer, which locations are written
+    steps: Int[Array, ""]  # the steps this element has taken
+    found: Found
+    reads: bool = eqx.field(static=True)  # check that reads are of written locations
 
 
-def initial(bufs, layout, reads: str | None) -> CheckState:
-    zero = jnp.array(0, jnp.int32)
+def initial(bufs, layout, read_check: str | None) -> CheckState:
     masks = tuple(jnp.zeros(b.shape, bool) for b in bufs)
-    early = masks if reads == "later" else None
-    ints = jnp.zeros(_rank(layout), jnp.int32)
-    return CheckState(masks, early, zero, zero, zero, ints, reads)
+    zero = jnp.array(0, jnp.int32)
+    return CheckState(masks, zero, Found.none(layout), read_check == "unwritten")
 
 
 def check_step(state: CheckState, out, active: Bool[Array, ""], layout) -> CheckState:
@@ -57,48 +73,81 @@ def check_step(state: CheckState, out, active: Bool[Array, ""], layout) -> Check
     a buffer before a write of the same step does not see that write), as the value
     read does."""
     history = [[m] for m in state.masks]
-    early = None if state.early is None else list(state.early)
-    site, step, ints = state.site, state.step, state.ints
-
-    def record(broken, code, index):
-        nonlocal site, step, ints
-        first = jnp.logical_and(broken, site == 0)
-        site = jnp.where(first, code, site)
-        step = jnp.where(first, state.steps, step)
-        here = jnp.zeros_like(ints)
-        if index.ints:
-            here = here.at[: len(index.ints)].set(jnp.stack(index.ints))
-        ints = jnp.where(first, here, ints)
-
+    found = state.found
     for n, s in enumerate(layout.sites):
         checked = s.leaf not in layout.shared  # else an inner loop writes it
         if s.kind == "hand":
             history[s.leaf].append(history[s.leaf][-1])
         elif s.kind == "read":
-            if state.reads is None or not checked:
-                continue
-            index = out.reads[s.number]
-            unwritten = jnp.logical_and(active, ~get(history[s.leaf][s.version], index))
-            if state.reads == "unwritten":
-                record(jnp.any(unwritten), n + 1, index)
-            else:  # remember where, for a later write there
-                was = get(early[s.leaf], index)
-                early[s.leaf] = put(early[s.leaf], index, was | unwritten)
+            if state.reads and checked:
+                index = out.reads[s.number]
+                written = jnp.all(get(history[s.leaf][s.version], index))
+                broken = jnp.logical_and(active, ~written)
+                found = found.first(broken, n + 1, state.steps, index)
         else:
             _, index, pred = out.writes[s.number]
             live = jnp.logical_and(active, pred)
             mask = history[s.leaf][-1]
             history[s.leaf].append(put(mask, index, True, live))
-            if not checked:
-                continue
-            record(jnp.logical_and(live, jnp.any(get(mask, index))), n + 1, index)
-            if early is not None:
-                read = jnp.logical_and(live, jnp.any(get(early[s.leaf], index)))
-                record(read, -(n + 1), index)
+            if checked:
+                broken = jnp.logical_and(live, jnp.any(get(mask, index)))
+                found = found.first(broken, n + 1, state.steps, index)
     masks = tuple(h[-1] for h in history)
-    early = None if early is None else tuple(early)
     steps = state.steps + active.astype(jnp.int32)
-    return CheckState(masks, early, steps, site, step, ints, state.reads)
+    return CheckState(masks, steps, found, state.reads)
+
+
+class ReverseCheck(eqx.Module):
+    """What the reverse sweep's check carries: per sparsely differentiated buffer
+    (else `None`), the locations written by the steps already reversed."""
+
+    later: tuple
+    found: Found
+
+
+def reverse_initial(step, bufs, layout, read_check: str | None):
+    """The reverse check's initial state, or `None` where it has nothing to check:
+    unless `read_check` is `"later"`, or no differentiated buffer is read."""
+    if read_check != "later" or not step.float_reads:
+        return None
+    later = tuple(
+        jnp.zeros(b.shape, bool) if sparse else None
+        for b, sparse in zip(bufs, step.sparse)
+    )
+    return ReverseCheck(later, Found.none(layout))
+
+
+def reverse_check(check: ReverseCheck, step, updates, i, layout) -> ReverseCheck:
+    """`check` after reversing step `i`, whose `BufferUpdates` are `updates`.
+
+    A read whose cotangent is nonzero somewhere the loop wrote only later (at a
+    later step, or later in this one) is a violation: the forward read the value
+    from before that write, but the backward pass reads the buffer as the loop
+    left it, so the gradient would use the later value. A read whose value does not
+    matter (multiplied by zero, or dropped by `jnp.where`) has a zero cotangent
+    there and passes."""
+    sites = {(s.kind, s.number): (n, s) for n, s in enumerate(layout.sites)}
+    write_numbers = [
+        n for n, leaf in enumerate(layout.write_leaves) if step.sparse[leaf]
+    ]
+    writes = [
+        (sites["write", n][1], index, live)
+        for n, (index, live) in zip(write_numbers, updates.cleared)
+    ]
+    found = check.found
+    later = list(check.later)
+    for k, (index, live, d) in zip(step.float_reads, updates.added):
+        n, s = sites["read", k]
+        mask = later[s.leaf]
+        for w, w_index, w_live in writes:
+            if w.leaf == s.leaf and w.version >= s.version:
+                mask = put(mask, w_index, True, w_live)
+        overwritten = jnp.logical_and(get(mask, index), d != 0)
+        broken = jnp.logical_and(live, jnp.any(overwritten))
+        found = found.first(broken, -(n + 1), i, index)
+    for w, index, live in writes:
+        later[w.leaf] = put(later[w.leaf], index, True, live)
+    return ReverseCheck(tuple(later), found)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,12 +166,13 @@ class BufferViolation:
         buffer = self.buffers[s.leaf]
         if int(site) < 0:
             what = (
-                f"wrote the buffer {buffer} at {index} at step {int(step)} (counting "
-                "from 0) of the loop, where an earlier read (at an earlier step, or "
-                "earlier in this one) found it unwritten. The gradient would be "
-                "wrong: the backward pass reads the buffer as the loop left it, so "
-                "that read would see this write. Read only locations already "
-                "written (or never written in the loop)"
+                f"read the buffer {buffer} at {index} at step {int(step)} (counting "
+                "from 0) of the loop, and the value read matters, but the loop "
+                "wrote that location only later (at a later step, or later in that "
+                "one). The gradient would be wrong: the backward pass reads the "
+                "buffer as the loop left it, so it would see the later value. Read "
+                "only locations already written (or never written in the loop), or "
+                "keep the values from before the loop in an ordinary carry leaf"
             )
         elif s.kind == "write":
             what = (
@@ -152,15 +202,13 @@ class BufferViolation:
         )
 
 
-def raise_violations(name: str, layout, bufs, state: CheckState | None, tree):
-    """`tree`, with the checks' error attached: raised if a step broke a rule."""
+def raise_violations(name: str, layout, bufs, state, tree):
+    """`tree`, with the checks' error attached: raised if a step broke a rule.
+    `state`: a `CheckState`, a `ReverseCheck` or `None` (nothing checked)."""
     if state is None:
         return tree
+    found = state.found
     shapes = tuple(b.shape for b in bufs)
     message = BufferViolation(name, layout.sites, buffer_names(layout, bufs), shapes)
-    details = (state.site, state.step, state.ints)
-    return raise_if(tree, state.site != 0, message, "bl.buffer_checks", details)
-
-
-def checking(config) -> bool:
-    return config.buffer_check is not None
+    details = (found.site, found.step, found.ints)
+    return raise_if(tree, found.site != 0, message, "bl.buffer_checks", details)

@@ -111,7 +111,7 @@ def buffer_check_reads() -> str | None:
         stage loops do).
     """
     value = _buffer_checks.value
-    return {None: "later", True: "unwritten", "writes": None}.get(value)
+    return {None: "later", True: "unwritten", "writes": "later"}.get(value)
 
 
 def buffer_checks_enabled() -> bool:

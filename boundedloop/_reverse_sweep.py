@@ -35,7 +35,7 @@ import jax.tree_util as jtu
 from jax import lax
 from jaxtyping import Array, Int
 
-from . import _checkpoint_store, _cost_model, _progress
+from . import _buffer_checks, _checkpoint_store, _cost_model, _progress
 from ._batching import select_if_batched
 from ._checkpoint_store import CheckpointStore
 from ._recompute import initial_stack, make_sweep, recompute, Stack, Sweep
@@ -52,6 +52,7 @@ class ReverseState(NamedTuple):
     ct: Any  # the cotangent of `x_end`
     ct_bufs: tuple  # the buffers' cotangents
     ct_body: Any  # the accumulated cotangent of the body's arrays
+    check: Any  # the buffer reads' check (`_buffer_checks.ReverseCheck`), or None
 
 
 def carried(sw: Sweep, ct):
@@ -111,7 +112,12 @@ def reverse_step(sw: Sweep, state: ReverseState, i, x) -> ReverseState:
         ct, ct_body, updates = reverse(state.ct, state.ct_body)
     ct_bufs = sw.step.apply_updates(state.ct_bufs, updates)
     ct = carried(sw, ct)
-    return state._replace(end=state.end - 1, ct=ct, ct_bufs=ct_bufs, ct_body=ct_body)
+    check = state.check
+    if check is not None:
+        check = _buffer_checks.reverse_check(check, sw.step, updates, i, sw.step.layout)
+    return state._replace(
+        end=state.end - 1, ct=ct, ct_bufs=ct_bufs, ct_body=ct_body, check=check
+    )
 
 
 def reverse_stored(sw: Sweep, state: ReverseState) -> ReverseState:
@@ -207,6 +213,7 @@ def reverse_sweep(
         carried(sweep, ct_final),
         ct_bufs,
         step.zero_ct_body(),
+        _buffer_checks.reverse_initial(step, tape.bufs, step.layout, config.read_check),
     )
     reverse = reverse_stored if sweep.every_step_stored else reverse_segment
     reverse = functools.partial(reverse, sweep)
@@ -220,4 +227,8 @@ def reverse_sweep(
         # may run before it
         _progress.done(meter, tape.length - state.end)
     ct_init = unread_ct(sweep, state.ct, tape.trips == 0)
-    return state.ct_body, ct_init, state.ct_bufs
+    out = state.ct_body, ct_init, state.ct_bufs
+    name = config.buffer_check
+    return _buffer_checks.raise_violations(
+        name, step.layout, tape.bufs, state.check, out
+    )
