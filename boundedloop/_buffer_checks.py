@@ -37,10 +37,11 @@ class Found(eqx.Module):
         zero = jnp.array(0, jnp.int32)
         return cls(zero, zero, jnp.zeros(rank, jnp.int32))
 
-    def first(self, broken, code: int, step, index) -> "Found":
+    def first(self, broken, code: int, step, index, earlier=True) -> "Found":
         """This, or the violation `code` at `step` and `index` where `broken` and
-        none was found before."""
-        first = jnp.logical_and(broken, self.site == 0)
+        none was found before; or, unless `earlier` (the steps are visited last to
+        first), wherever `broken`."""
+        first = jnp.logical_and(broken, self.site == 0) if earlier else broken
         here = jnp.zeros_like(self.ints)
         if index.ints:
             here = here.at[: len(index.ints)].set(jnp.stack(index.ints))
@@ -144,7 +145,7 @@ def reverse_check(check: ReverseCheck, step, updates, i, layout) -> ReverseCheck
                 mask = put(mask, w_index, True, w_live)
         overwritten = jnp.logical_and(get(mask, index), d != 0)
         broken = jnp.logical_and(live, jnp.any(overwritten))
-        found = found.first(broken, -(n + 1), i, index)
+        found = found.first(broken, -(n + 1), i, index, earlier=False)
     for w, index, live in writes:
         later[w.leaf] = put(later[w.leaf], index, True, live)
     return ReverseCheck(tuple(later), found)

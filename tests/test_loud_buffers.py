@@ -1,0 +1,336 @@
+"""Nothing silently wrong from a buffer mistake (issue 54): each mistake is an error,
+or gives what the same body gives on ordinary `jnp` arrays in an unrolled Python
+loop, computed on the host.
+
+- trace time, always: a write whose result is dropped, a write to a version of a
+  buffer already written, a static location written twice in one step, a static
+  index out of range;
+- run time, by default: a location written twice (forward), and a read whose value
+  matters at a location the loop writes only later (the gradient);
+- as `jnp`: a traced index out of range drops the write; reading a version of a
+  buffer from before a write sees the values from before it.
+
+The class is generated too: a body reading and writing at offsets from the step
+(runtime data, so one compiled gradient serves every example) must either raise
+exactly when the rules are broken, or match the unrolled reference.
+"""
+
+import re
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, HealthCheck, settings, strategies as st
+
+import boundedloop as bl
+
+from .helpers import on_host, tree_allclose
+
+
+W = 0.5 * jnp.eye(3) + 0.1
+X0 = jnp.ones(3)
+ALREADY = "a location already written"
+LATER = "wrote that location only later"
+
+
+def unrolled(body, carry, steps):
+    """The body on ordinary arrays, `steps` times: the reference."""
+    for _ in range(steps):
+        carry = body(carry)
+    return carry
+
+
+def twice_body(w):
+    """The issue's first case: row 0 written every step and read back."""
+
+    def body(c):
+        x, ys, i = c
+        x = jnp.tanh(w @ x) * (1 + ys[0])
+        return x, ys.at[0].set(x), i + 1
+
+    return body
+
+
+def test_a_row_written_twice_is_an_error_naming_buffer_step_index_and_line():
+    def loss(w):
+        out = bl.while_loop(
+            lambda c: c[2] < 12,
+            twice_body(w),
+            (X0, jnp.zeros((12, 3)), 0),
+            max_steps=12,
+            buffers=lambda c: c[1],
+        )
+        return jnp.sum(out[0])
+
+    for fn in [bl.filter_jit(loss), bl.filter_jit(jax.grad(loss))]:
+        with pytest.raises(eqx.EquinoxRuntimeError) as e:
+            jax.block_until_ready(fn(W))
+        message = str(e.value)
+        assert ALREADY in message
+        assert "`carry[1]`, float32[12, 3] at [0]" in message
+        assert "at step 1 (counting from 0)" in message
+        line = twice_body.__code__.co_firstlineno + 6  # the write
+        assert re.search(rf"test_loud_buffers.py:{line} in body", message)
+    # off, the forward is what it always was: the unrolled loop's
+    with bl.buffer_checks(False):
+        got = jax.jit(loss)(W)
+    expected = on_host(
+        lambda w: jnp.sum(unrolled(twice_body(w), (X0, jnp.zeros((12, 3)), 0), 12)[0])
+    )(W)
+    assert tree_allclose(got, expected)
+
+
+def ahead_body(w):
+    """The issue's second case: a read of a row not yet written (the next step
+    writes it), used multiplicatively."""
+
+    def body(c):
+        x, ys, i = c
+        x = jnp.tanh(w @ x) * (1 + 0.1 * ys[i + 1])
+        return x, ys.at[i].set(x), i + 1
+
+    return body
+
+
+def ahead_loss(w, checks=True):
+    out = bl.while_loop(
+        lambda c: c[2] < 5,
+        ahead_body(w),
+        (X0, jnp.zeros((6, 3)), 0),
+        max_steps=6,
+        buffers=lambda c: c[1],
+    )
+    return jnp.sum(out[0]) + jnp.sum(out[1])
+
+
+def test_a_read_of_a_row_written_later_is_an_error_of_the_gradient():
+    def reference(w):
+        out = unrolled(ahead_body(w), (X0, jnp.zeros((6, 3)), 0), 5)
+        return jnp.sum(out[0]) + jnp.sum(out[1])
+
+    # the value is right (the forward reads what `jnp` would)...
+    assert tree_allclose(jax.jit(ahead_loss)(W), on_host(reference)(W))
+    # ...its gradient is not, so it is an error, at the read
+    with pytest.raises(eqx.EquinoxRuntimeError, match=LATER) as e:
+        jax.block_until_ready(bl.filter_jit(jax.grad(ahead_loss))(W))
+    assert "`carry[1]`, float32[6, 3] at [1] at step 0" in str(e.value)
+    # `bl.buffer_checks()` refuses the read in the forward already
+    with bl.buffer_checks():
+        with pytest.raises(eqx.EquinoxRuntimeError, match="location not yet written"):
+            jax.block_until_ready(bl.filter_jit(ahead_loss)(W))
+
+
+def test_reads_whose_value_does_not_matter_or_is_never_overwritten_pass():
+    """A read dropped by `jnp.where` (or multiplied by zero) before its row is
+    written, and a read of an initial row the loop never writes, are right."""
+
+    def body(c):
+        x, ys, i = c
+        prev = jnp.where(i > 0, ys[jnp.maximum(i - 1, 0)], ys[5])
+        x = jnp.tanh(W @ x + prev) * (1 + 0.0 * ys[i + 1])
+        return x, ys.at[i].set(x), i + 1
+
+    init = (X0, jnp.zeros((6, 3)).at[5].set(0.3), 0)
+
+    def loss(x0):
+        out = bl.while_loop(
+            lambda c: c[2] < 5,
+            body,
+            (x0, *init[1:]),
+            max_steps=6,
+            buffers=lambda c: c[1],
+        )
+        return jnp.sum(out[0] ** 2) + jnp.sum(out[1])
+
+    def reference(x0):
+        out = unrolled(body, (x0, *init[1:]), 5)
+        return jnp.sum(out[0] ** 2) + jnp.sum(out[1])
+
+    got = jax.jit(jax.value_and_grad(loss))(X0)
+    assert tree_allclose(got, on_host(jax.value_and_grad(reference))(X0))
+
+
+def write_loop(body, rows=4, steps=4):
+    return bl.while_loop(
+        lambda c: c[2] < steps,
+        body,
+        (jnp.array(1.0), jnp.zeros(rows), 0),
+        max_steps=steps,
+        buffers=lambda c: c[1],
+    )[1]
+
+
+def test_a_dropped_write_is_an_error_at_trace_time():
+    def body(c):
+        x, ys, i = c
+        ys.at[i].set(x)  # its result unused
+        return x + 1, ys, i + 1
+
+    with pytest.raises(ValueError, match="is never used") as e:
+        jax.make_jaxpr(lambda: write_loop(body))()
+    assert "`carry[1]`, float32[4]" in str(e.value)
+    assert "test_loud_buffers.py" in str(e.value)
+
+
+def test_writes_must_chain():
+    def body(c):
+        x, ys, i = c
+        ys.at[i].set(x)
+        return x + 1, ys.at[i].set(2 * x), i + 1
+
+    with pytest.raises(ValueError, match="writes must form one chain"):
+        jax.make_jaxpr(lambda: write_loop(body))()
+
+
+def test_a_static_location_written_twice_in_one_step_is_an_error_at_trace_time():
+    def body(c):
+        x, ys, i = c
+        return x + 1, ys.at[1].set(x).at[-3].set(x), i + 1
+
+    with pytest.raises(ValueError, match=r"written twice in one step at \[-3\]"):
+        jax.make_jaxpr(lambda: write_loop(body))()
+
+
+def test_out_of_range_indices_behave_as_jnp():
+    def traced(c):
+        x, ys, i = c
+        return x + 1, ys.at[i].set(x), i + 1
+
+    # six steps into four rows: the last two writes are dropped, as `jnp` drops them
+    got = jax.jit(lambda: write_loop(traced, rows=4, steps=6))()
+    expected = unrolled(traced, (jnp.array(1.0), jnp.zeros(4), 0), 6)[1]
+    assert np.array_equal(got, expected)
+    assert np.array_equal(got, [1.0, 2.0, 3.0, 4.0])
+
+    def static(c):
+        x, ys, i = c
+        return x + 1, ys.at[7].set(x), i + 1
+
+    with pytest.raises(IndexError, match="out of bounds"):
+        jax.make_jaxpr(lambda: write_loop(static))()
+
+
+def test_reading_a_buffer_from_before_a_write_sees_the_values_before_it():
+    def body(c):
+        x, ys, i = c
+        new = ys.at[i].set(x)
+        # `ys`, not `new`: row i - 1 (written at the last step) as `jnp` reads it
+        # (at step 0, row 0 is written later in the step: dropped by `jnp.where`)
+        last = jnp.where(i > 0, ys[jnp.maximum(i - 1, 0)], 0.0)
+        return x * 1.5 + last, new, i + 1
+
+    def loss(x0):
+        init = (x0, jnp.zeros((5, 1)).at[0].set(0.25), 0)
+        out = bl.while_loop(
+            lambda c: c[2] < 5, body, init, max_steps=5, buffers=lambda c: c[1]
+        )
+        return jnp.sum(out[0]) + jnp.sum(out[1] ** 2)
+
+    def reference(x0):
+        out = unrolled(body, (x0, jnp.zeros((5, 1)).at[0].set(0.25), 0), 5)
+        return jnp.sum(out[0]) + jnp.sum(out[1] ** 2)
+
+    x0 = jnp.array([0.3])
+    got = jax.jit(jax.value_and_grad(loss))(x0)
+    assert tree_allclose(got, on_host(jax.value_and_grad(reference))(x0))
+
+
+# The class: read at `i + a1` (scaled by `m1`), write at `i + b` (where `pred`), read
+# back at `i + a2` (scaled by `m2`); the offsets, scales and predicates are runtime
+# data.
+ROWS, STEPS = 5, 5
+
+
+def class_body(w, a1, b, a2, m1, m2, every_other):
+    def body(c):
+        x, ys, i = c
+        r1 = ys[jnp.clip(i + a1, 0, ROWS - 1)]
+        x = jnp.tanh(w @ x + m1 * r1)
+        pred = jnp.logical_or(jnp.logical_not(every_other), i % 2 == 0)
+        if isinstance(ys, bl.Buffer):
+            ys = ys.at[i + b].set(x, pred=pred)
+        else:  # as `jnp`: an out-of-range write is dropped
+            ys = ys.at[i + b].set(
+                jnp.where(pred, x, ys[jnp.clip(i + b, -ROWS, ROWS - 1)]), mode="drop"
+            )
+        x = x + m2 * ys[jnp.clip(i + a2, 0, ROWS - 1)]
+        return x, ys, i + 1
+
+    return body
+
+
+def _class_loss(run):
+    def loss(w, n, *args):
+        x, ys, _ = run(class_body(w, *args), (X0, jnp.zeros((ROWS, 3)), 0), n)
+        return jnp.sum(x) + jnp.sum(jnp.sin(ys))
+
+    return loss
+
+
+_class_ours = jax.jit(
+    jax.value_and_grad(
+        _class_loss(
+            lambda body, init, n: bl.while_loop(
+                lambda c: c[2] < n,
+                body,
+                init,
+                max_steps=STEPS,
+                checkpoints=2,
+                buffers=lambda c: c[1],
+            )
+        )
+    )
+)
+
+
+def _broken(a1, b, a2, m1, m2, every_other, n):
+    """Which rule the class's body breaks, computed on Python integers:
+    `ALREADY`, `LATER` or `None`."""
+    writes = {}  # location -> the step that wrote it
+    for t in range(n):
+        if not (every_other and t % 2):
+            k = t + b
+            if -ROWS <= k < ROWS:
+                if k % ROWS in writes:
+                    return ALREADY
+                writes[k % ROWS] = t
+    for t in range(n):
+        for offset, scale, after_write in [(a1, m1, False), (a2, m2, True)]:
+            k = min(max(t + offset, 0), ROWS - 1)
+            step = writes.get(k)
+            later = step is not None and (step > t or (step == t and not after_write))
+            if scale and later:
+                return LATER
+    return None
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(
+    a1=st.integers(-2, 2),
+    b=st.integers(-1, 1),
+    a2=st.integers(-1, 1),
+    m1=st.sampled_from([0.0, 0.5]),
+    m2=st.sampled_from([0.0, 0.5]),
+    every_other=st.booleans(),
+    n=st.integers(0, STEPS),
+)
+def test_buffer_mistakes_raise_or_match_jnp(a1, b, a2, m1, m2, every_other, n):
+    args = (a1, b, a2, jnp.float32(m1), jnp.float32(m2), every_other)
+    broken = _broken(a1, b, a2, m1, m2, every_other, n)
+    if broken is not None:
+        with pytest.raises(
+            Exception, match=broken
+        ):  # JAX's runtime error, or ValueError
+            jax.block_until_ready(_class_ours(W, n, *args))
+        return
+    got = _class_ours(W, n, *args)
+    reference = _class_loss(lambda body, init, n: unrolled(body, init, n))
+    expected = on_host(jax.value_and_grad(reference))(W, n, *args)
+    assert tree_allclose(got, expected, rtol=1e-5, atol=1e-6)
