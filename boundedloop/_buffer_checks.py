@@ -18,7 +18,7 @@ from jaxtyping import Array, Bool, Int
 
 from ._buffers import buffer_names
 from ._checks import raise_if
-from ._indexing import describe_index, get, put
+from ._indexing import describe_index, get, overlay, put
 
 
 class Found(eqx.Module):
@@ -72,30 +72,63 @@ def check_step(state: CheckState, out, active: Bool[Array, ""], layout) -> Check
 
     A read sees the mask as it was at the version of the buffer it read (a read of
     a buffer before a write of the same step does not see that write), as the value
-    read does."""
-    history = [[m] for m in state.masks]
+    read does. Each mask is updated in place: a write reads the window it updates
+    (`old | live`), and waits for the reads checked before it."""
+    masks = list(state.masks)
+    versions = [0] * len(masks)  # how many writes (and hand-overs) each mask has seen
+    kept = {}  # masks at earlier versions, for reads through a stale `Buffer`
+    stale = _stale_reads(layout) if state.reads else set()
+    for leaf in range(len(masks)):
+        if (leaf, 0) in stale:
+            kept[leaf, 0] = masks[leaf]
     found = state.found
     for n, s in enumerate(layout.sites):
         checked = s.leaf not in layout.shared  # else an inner loop writes it
-        if s.kind == "hand":
-            history[s.leaf].append(history[s.leaf][-1])
-        elif s.kind == "read":
+        if s.kind == "read":
             if state.reads and checked:
                 index = out.reads[s.number]
-                written = jnp.all(get(history[s.leaf][s.version], index))
+                mask = masks[s.leaf]
+                if s.version != versions[s.leaf]:
+                    mask = kept[s.leaf, s.version]
+                written = jnp.all(get(mask, index))
                 broken = jnp.logical_and(active, ~written)
                 found = found.first(broken, n + 1, state.steps, index)
-        else:
+            continue
+        if s.kind == "write":
             _, index, pred = out.writes[s.number]
             live = jnp.logical_and(active, pred)
-            mask = history[s.leaf][-1]
-            history[s.leaf].append(put(mask, index, True, live))
+            old = get(masks[s.leaf], index)
             if checked:
-                broken = jnp.logical_and(live, jnp.any(get(mask, index)))
+                broken = jnp.logical_and(live, jnp.any(old))
                 found = found.first(broken, n + 1, state.steps, index)
-    masks = tuple(h[-1] for h in history)
+            masks[s.leaf] = put(masks[s.leaf], index, _after(old, live, found))
+        versions[s.leaf] += 1
+        if (s.leaf, versions[s.leaf]) in stale:
+            kept[s.leaf, versions[s.leaf]] = masks[s.leaf]
     steps = state.steps + active.astype(jnp.int32)
-    return CheckState(masks, steps, found, state.reads)
+    return CheckState(tuple(masks), steps, found, state.reads)
+
+
+def _after(old, live, found: Found):
+    """A mask's window after a write where `live`: `old | live`, written so that
+    it depends on every check made before it (`found`). XLA then orders those
+    reads of the mask before the write and updates it in place; without that
+    dependence it copies the whole mask every step (`live & found` adds nothing to
+    `live`, but XLA cannot tell)."""
+    checked = jnp.logical_and(live, found.site != 0)
+    return jnp.logical_or(old, jnp.logical_or(live, checked))
+
+
+def _stale_reads(layout) -> set:
+    """`(leaf, version)` of the reads through a `Buffer` that was written since."""
+    seen = {}
+    stale = set()
+    for s in layout.sites:
+        if s.kind == "read" and s.version != seen.get(s.leaf, 0):
+            stale.add((s.leaf, s.version))
+        elif s.kind != "read":
+            seen[s.leaf] = seen.get(s.leaf, 0) + 1
+    return stale
 
 
 class ReverseCheck(eqx.Module):
@@ -139,15 +172,19 @@ def reverse_check(check: ReverseCheck, step, updates, i, layout) -> ReverseCheck
     later = list(check.later)
     for k, (index, live, d) in zip(step.float_reads, updates.added):
         n, s = sites["read", k]
-        mask = later[s.leaf]
-        for w, w_index, w_live in writes:
+        overwritten = get(later[s.leaf], index)
+        for w, w_index, w_live in writes:  # this step's writes after the read
             if w.leaf == s.leaf and w.version >= s.version:
-                mask = put(mask, w_index, True, w_live)
-        overwritten = jnp.logical_and(get(mask, index), d != 0)
-        broken = jnp.logical_and(live, jnp.any(overwritten))
+                ones = jnp.ones(w_index.result_shape(), bool)
+                shape = later[s.leaf].shape
+                _, covered = overlay(overwritten, index, w_index, ones, shape)
+                overwritten = overwritten | (covered & w_live)
+        matters = jnp.logical_and(overwritten, d != 0)
+        broken = jnp.logical_and(live, jnp.any(matters))
         found = found.first(broken, -(n + 1), i, index, earlier=False)
     for w, index, live in writes:
-        later[w.leaf] = put(later[w.leaf], index, True, live)
+        old = get(later[w.leaf], index)
+        later[w.leaf] = put(later[w.leaf], index, _after(old, live, found))
     return ReverseCheck(tuple(later), found)
 
 
