@@ -78,32 +78,33 @@ def main():
             with switch(on):  # compile, warm up
                 for _ in range(3):
                     jax.block_until_ready(fn(*fn_args))
-            cases.append((label, on, fn, fn_args))
-    times = {(label, on): [] for label, on, _, _ in cases}
+        cases.append((label, fn, fn_args))
+    times = {(label, on): [] for label, _, _ in cases for on in (True, False)}
     for _ in range(args.rounds):
         random.shuffle(cases)
-        for label, on, fn, fn_args in cases:
-            with switch(on):
-                start = time.perf_counter()
-                jax.block_until_ready(fn(*fn_args))
-                times[(label, on)].append(time.perf_counter() - start)
+        for label, fn, fn_args in cases:
+            # on and off back to back, in a random order: a ratio per round
+            for on in random.sample((True, False), 2):
+                with switch(on):
+                    start = time.perf_counter()
+                    jax.block_until_ready(fn(*fn_args))
+                    times[(label, on)].append(time.perf_counter() - start)
     lines = [
         f"buffer checks on (default) against off, {jax.default_backend()}, "
-        f"{args.rounds} rounds, medians",
-        "| workload | on (ms) | off (ms) | on / off | temp memory on / off (kB) |",
+        f"{args.rounds} rounds; medians, and the median and quartiles of the "
+        "per-round ratio",
+        "| workload | on (ms) | off (ms) | on / off (quartiles) | "
+        "temp memory on / off (kB) |",
         "|---|---|---|---|---|",
     ]
-    seen = []
-    for label, on, fn, fn_args in cases:
-        if label in seen:
-            continue
-        seen.append(label)
-    for label in sorted(seen):
-        fn, fn_args = next((f, a) for lb, _, f, a in cases if lb == label)
-        on, off = (statistics.median(times[(label, s)]) for s in (True, False))
+    for label, fn, fn_args in sorted(cases, key=lambda c: c[0]):
+        on, off = times[(label, True)], times[(label, False)]
+        ratios = sorted(a / b for a, b in zip(on, off))
+        q1, q2, q3 = statistics.quantiles(ratios, n=4)
         mem = [temp_bytes(fn, fn_args, s) / 1e3 for s in (True, False)]
         lines.append(
-            f"| {label} | {on * 1e3:.3f} | {off * 1e3:.3f} | {on / off:.3f} | "
+            f"| {label} | {statistics.median(on) * 1e3:.3f} | "
+            f"{statistics.median(off) * 1e3:.3f} | {q2:.3f} ({q1:.3f} to {q3:.3f}) | "
             f"{mem[0]:.1f} / {mem[1]:.1f} |"
         )
     text = "\n".join(lines)

@@ -14,6 +14,7 @@ import dataclasses
 
 import equinox as eqx
 import jax.numpy as jnp
+from jax import lax
 from jaxtyping import Array, Bool, Int
 
 from ._buffers import buffer_names
@@ -67,13 +68,75 @@ def initial(bufs, layout, read_check: str | None) -> CheckState:
     return CheckState(masks, zero, Found.none(layout), read_check == "unwritten")
 
 
-def check_step(state: CheckState, out, active: Bool[Array, ""], layout) -> CheckState:
-    """`state` after one step, whose `StepOut` is `out`, taken where `active`.
+# `Found.site` of a location written twice found by `WriteCounts`, for buffer `leaf`:
+# `COUNTED + leaf` (the step is not known)
+COUNTED = 1 << 20
+
+
+class WriteCounts(eqx.Module):
+    """The default forward check: per buffer (`None` for one an inner loop writes),
+    how often each location was written, saturating at 2. One read-modify-write of
+    the written window per write, in place, and nothing else in the loop: which
+    location was written twice is found after it (`raise_violations`)."""
+
+    counts: tuple
+
+
+def initial_counts(bufs, layout) -> WriteCounts:
+    return WriteCounts(
+        tuple(
+            None if leaf in layout.shared else jnp.zeros(b.shape, jnp.int8)
+            for leaf, b in enumerate(bufs)
+        )
+    )
+
+
+def _count_step(state: WriteCounts, out, active, layout) -> WriteCounts:
+    counts = list(state.counts)
+    for s in layout.sites:
+        if s.kind == "write" and counts[s.leaf] is not None:
+            _, index, pred = out.writes[s.number]
+            live = jnp.logical_and(active, pred).astype(jnp.int8)
+            old = get(counts[s.leaf], index)
+            counts[s.leaf] = put(counts[s.leaf], index, jnp.minimum(old + live, 2))
+    return WriteCounts(tuple(counts))
+
+
+def _counted_found(state: WriteCounts, layout) -> Found:
+    """The first buffer with a location written twice, and that location."""
+    rank = max([1, *(c.ndim for c in state.counts if c is not None)])
+    found = Found.none(layout)
+    found = Found(found.site, jnp.array(-1, jnp.int32), jnp.zeros(rank, jnp.int32))
+    for leaf, counts in enumerate(state.counts):
+        if counts is None:
+            continue
+        twice = counts >= 2
+        broken = jnp.any(twice)
+
+        def where(twice=twice):  # only when there is one to find (an argmax is slow)
+            at = jnp.unravel_index(jnp.argmax(twice.reshape(-1)), twice.shape)
+            at = jnp.stack(at).astype(jnp.int32)
+            return jnp.zeros(rank, jnp.int32).at[: twice.ndim].set(at)
+
+        ints = lax.cond(broken, where, lambda: jnp.zeros(rank, jnp.int32))
+        first = jnp.logical_and(broken, found.site == 0)
+        found = Found(
+            jnp.where(first, COUNTED + leaf, found.site),
+            found.step,
+            jnp.where(first, ints, found.ints),
+        )
+    return found
+
+
+def check_step(state, out, active: Bool[Array, ""], layout):
+    """`state` (a `CheckState` or `WriteCounts`) after one step, whose `StepOut` is `out`, taken where `active`.
 
     A read sees the mask as it was at the version of the buffer it read (a read of
     a buffer before a write of the same step does not see that write), as the value
     read does. Each mask is updated in place: a write reads the window it updates
     (`old | live`), and waits for the reads checked before it."""
+    if isinstance(state, WriteCounts):
+        return _count_step(state, out, active, layout)
     masks = list(state.masks)
     versions = [0] * len(masks)  # how many writes (and hand-overs) each mask has seen
     kept = {}  # masks at earlier versions, for reads through a stale `Buffer`
@@ -199,6 +262,8 @@ class BufferViolation:
     shapes: tuple  # per buffer, its shape
 
     def format(self, site, step, ints) -> str:
+        if int(site) >= COUNTED:
+            return self._counted(int(site) - COUNTED, ints)
         s = self.sites[abs(int(site)) - 1]
         index = describe_index(s.pattern, [int(i) for i in ints], self.shapes[s.leaf])
         buffer = self.buffers[s.leaf]
@@ -231,6 +296,19 @@ class BufferViolation:
             "`with bl.buffer_checks(False):` turns the check off.)"
         )
 
+    def _counted(self, leaf: int, ints) -> str:
+        shape = self.shapes[leaf]
+        index = describe_index((None,) * len(shape), [int(i) for i in ints], shape)
+        lines = [s.where for s in self.sites if s.kind == "write" and s.leaf == leaf]
+        return (
+            f"`{self.loop}`: `body_fun` wrote the buffer {self.buffers[leaf]} at "
+            f"{index} twice, at {' or '.join(dict.fromkeys(lines))}: a location "
+            "already written. Each location of a buffer may be written at most once "
+            "in a loop. (Checked by default; `with bl.buffer_checks():` checks each "
+            "step and names the step, `with bl.buffer_checks(False):` turns the "
+            "checks off.)"
+        )
+
     def summary(self) -> str:
         """The message without its run-time details, for where they cannot reach
         (a TPU's host callback)."""
@@ -245,7 +323,10 @@ def raise_violations(name: str, layout, bufs, state, tree):
     `state`: a `CheckState`, a `ReverseCheck` or `None` (nothing checked)."""
     if state is None:
         return tree
-    found = state.found
+    if isinstance(state, WriteCounts):
+        found = _counted_found(state, layout)
+    else:
+        found = state.found
     shapes = tuple(b.shape for b in bufs)
     message = BufferViolation(name, layout.sites, buffer_names(layout, bufs), shapes)
     details = (found.site, found.step, found.ints)

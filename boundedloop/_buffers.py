@@ -17,6 +17,7 @@ import dataclasses
 import itertools
 import os
 import sys
+import threading
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -186,7 +187,9 @@ class StepTrace:
                 "`buf.at[...].set(x, pred=p)` needs `p` to be a scalar bool."
             )
         inside = index.in_bounds(array.shape)
-        if isinstance(inside, jax.core.Tracer):  # as `jnp`: out of range, dropped
+        # as `jnp`: out of range, dropped (an Equinox-style client's loops clamp
+        # the index instead, as Equinox's buffers do, and its results rely on it)
+        if isinstance(inside, jax.core.Tracer) and not _clamping.value:
             pred = jnp.logical_and(pred, inside)
         if self.gate is not None:
             pred = jnp.logical_and(pred, self.gate)
@@ -244,6 +247,26 @@ def check_returned_newest(trace: StepTrace, returned: "Buffer", name: str):
         "buffer is updated in place, so the write would still happen; use its "
         "result (`buf = buf.at[i].set(x)`) and return that, or remove the write."
     )
+
+
+class _Clamping(threading.local):
+    value = False
+
+
+_clamping = _Clamping()
+
+
+@contextlib.contextmanager
+def clamped_writes():
+    """Buffers of loops traced inside clamp an out-of-range traced write index into
+    range, as `equinox.internal.while_loop`'s buffers do, rather than dropping the
+    write as `jnp` does: for the loops an Equinox-style client hands us."""
+    before = _clamping.value
+    _clamping.value = True
+    try:
+        yield
+    finally:
+        _clamping.value = before
 
 
 def _static_cells(index: Index, shape) -> set | None:

@@ -98,20 +98,17 @@ def buffer_checks(enabled: bool = True):
 
 
 def buffer_check_reads() -> str | None:
-    """Which reads the buffer checks of a loop traced now check, if any are on:
+    """Which reads the buffer checks of a loop traced now check:
 
-    - `"later"` (the default): a location read while unwritten must not be written
-        later: the reverse sweep reads the final buffer, so such a read would see
-        the later value there, and its gradient would be wrong;
-    - `"unwritten"` (`bl.buffer_checks()`): no location is read unwritten (a
-        stricter rule, as documented: it also refuses reading a buffer's initial
-        values, which is safe);
-    - `None`: no reads (an Equinox-style client's loops: its rule lets a read
-        of an unwritten location be multiplied by zero, as diffrax's Runge-Kutta
-        stage loops do).
+    - `"later"` (the default): a read whose value matters must not be of a
+        location written later (checked in the reverse sweep: it would see the
+        later value there, and the gradient would be wrong);
+    - `"unwritten"` (`bl.buffer_checks()`): no location is read unwritten (the
+        rule as documented, checked in the forward sweep, step by step; it also
+        refuses a read whose value does not matter);
+    - `None`: none (the checks are off).
     """
-    value = _buffer_checks.value
-    return {None: "later", True: "unwritten", "writes": "later"}.get(value)
+    return {None: "later", True: "unwritten"}.get(_buffer_checks.value)
 
 
 def buffer_checks_enabled() -> bool:
@@ -120,10 +117,12 @@ def buffer_checks_enabled() -> bool:
 
 @contextlib.contextmanager
 def client_buffer_checks():
-    """Around a loop an Equinox-style client (diffrax, optimistix) hands us: the
-    default checks there check the writes only (see `buffer_check_reads`)."""
+    """Around a loop an Equinox-style client (diffrax, optimistix) hands us: its
+    buffers are the library's own, written under Equinox's rule (which lets a
+    location be read unwritten where its value does not matter), so the default
+    checks are off there; `bl.buffer_checks()` still checks them."""
     value = _buffer_checks.value
-    with _buffer_checks("writes" if value is None else value):
+    with _buffer_checks(False if value is None else value):
         yield
 
 

@@ -1,6 +1,7 @@
 """`bl.while_loop` under `equinox.internal.while_loop`'s signature, the loop that
 diffrax and optimistix hand their solves."""
 
+from ._buffers import clamped_writes
 from ._checks import client_buffer_checks
 from ._while_loop import while_loop
 
@@ -16,13 +17,16 @@ def equinox_style_while_loop(
       for `bl.while_loop`.
     - the rest (equinox's `kind`, `base`): ignored; the loop is always ours.
 
-    Equinox's rule for buffers lets a location be read before it is written where
-    the value read does not matter (diffrax's Runge-Kutta stages multiply unwritten
-    stages by zero), so by default only the writes are checked here.
+    The client's buffers are its own, written under Equinox's rule (which lets a
+    location be read before it is written where the value read does not matter, as
+    diffrax's Runge-Kutta stages do), so the default buffer checks are off here;
+    `bl.buffer_checks()` still checks them. An out-of-range write index is clamped
+    into range, as Equinox's buffers do (diffrax's results rely on it), where
+    `bl.while_loop`'s own drop the write, as `jnp` does.
 
     **Returns:** the final value of the loop.
     """
-    with client_buffer_checks():
+    with client_buffer_checks(), clamped_writes():
         return while_loop(
             cond_fun,
             body_fun,

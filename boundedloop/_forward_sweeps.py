@@ -36,7 +36,9 @@ def _checks(loop: TracedLoop, config: LoopConfig):
     """The buffer checks' initial state (`_buffer_checks`), or `None`: unchecked."""
     if config.buffer_check is None or not loop.bufs:
         return None
-    return _buffer_checks.initial(loop.bufs, loop.layout, config.read_check)
+    if config.read_check == "unwritten":  # `bl.buffer_checks()`: every step
+        return _buffer_checks.initial(loop.bufs, loop.layout, config.read_check)
+    return _buffer_checks.initial_counts(loop.bufs, loop.layout)
 
 
 def _going_on(loop, x, bufs):

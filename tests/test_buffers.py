@@ -211,7 +211,9 @@ def test_buffer_in_a_nested_transformation_is_our_error(case):
         other, buf, i = c
         return other, _NESTED[case](buf, i), i + 1
 
-    with pytest.raises(ValueError, match=r"Buffer` \(`carry\[1\]`, float32\[5\]\)") as e:
+    with pytest.raises(
+        ValueError, match=r"Buffer` \(`carry\[1\]`, float32\[5\]\)"
+    ) as e:
         bl.while_loop(
             lambda c: c[2] < 3,
             body,

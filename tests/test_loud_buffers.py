@@ -53,32 +53,40 @@ def twice_body(w):
     return body
 
 
-def test_a_row_written_twice_is_an_error_naming_buffer_step_index_and_line():
-    def loss(w):
-        out = bl.while_loop(
-            lambda c: c[2] < 12,
-            twice_body(w),
-            (X0, jnp.zeros((12, 3)), 0),
-            max_steps=12,
-            buffers=lambda c: c[1],
-        )
-        return jnp.sum(out[0])
+def twice_loss(w):
+    out = bl.while_loop(
+        lambda c: c[2] < 12,
+        twice_body(w),
+        (X0, jnp.zeros((12, 3)), 0),
+        max_steps=12,
+        buffers=lambda c: c[1],
+    )
+    return jnp.sum(out[0])
 
-    for fn in [bl.filter_jit(loss), bl.filter_jit(jax.grad(loss))]:
+
+def test_a_row_written_twice_is_an_error_naming_buffer_index_and_line():
+    line = twice_body.__code__.co_firstlineno + 6  # the write
+    for fn in [bl.filter_jit(twice_loss), bl.filter_jit(jax.grad(twice_loss))]:
         with pytest.raises(eqx.EquinoxRuntimeError) as e:
             jax.block_until_ready(fn(W))
         message = str(e.value)
         assert ALREADY in message
-        assert "`carry[1]`, float32[12, 3] at [0]" in message
-        assert "at step 1 (counting from 0)" in message
-        line = twice_body.__code__.co_firstlineno + 6  # the write
+        assert "`carry[1]`, float32[12, 3] at [0, 0] twice" in message
         assert re.search(rf"test_loud_buffers.py:{line} in body", message)
+    # checked step by step (and reads strictly), the message names the step too:
+    # here the read of row 0 before the loop first writes it
+    with bl.buffer_checks():
+        with pytest.raises(eqx.EquinoxRuntimeError) as e:
+            jax.block_until_ready(bl.filter_jit(twice_loss)(W))
+    assert (
+        "read the buffer `carry[1]`, float32[12, 3] at [0], a location not yet "
+        "written, at step 0 (counting from 0)"
+    ) in str(e.value)
     # off, the forward is what it always was: the unrolled loop's
     with bl.buffer_checks(False):
-        got = jax.jit(loss)(W)
-    expected = on_host(
-        lambda w: jnp.sum(unrolled(twice_body(w), (X0, jnp.zeros((12, 3)), 0), 12)[0])
-    )(W)
+        got = jax.jit(twice_loss)(W)
+    init = (X0, jnp.zeros((12, 3)), 0)
+    expected = on_host(lambda w: jnp.sum(unrolled(twice_body(w), init, 12)[0]))(W)
     assert tree_allclose(got, expected)
 
 

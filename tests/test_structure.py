@@ -478,8 +478,6 @@ def test_buffer_checks_do_not_trace_the_body_again():
             i, x, buf = carry
             return i + 1, x, buf.at[i].set(buf[i - 1] * 2.0)
 
-        init = (1, jnp.float32(1.0), jnp.zeros(4))
-
         def loop(init, body=body):
             return bl.while_loop(
                 lambda c: c[0] < 4, body, init, max_steps=4, buffers=lambda c: c[2]

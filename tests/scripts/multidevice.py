@@ -300,7 +300,12 @@ def check_buffer_checks(check):
         unchecked = jax.jit(jax.grad(run_traj))(X, jnp.zeros((MAX_STEPS, 16, 3)), 9)
         check.close("checked buffer grad", grad(x, traj, jnp.array(9)), unchecked)
         for kind, fn in [("buffer forward", forward), ("buffer grad", grad)]:
-            raises(check, kind, lambda: fn(x, traj, jnp.array(2)), "location already written")
+            raises(
+                check,
+                kind,
+                lambda: fn(x, traj, jnp.array(2)),
+                "location already written",
+            )
 
 
 def refused(check, name, fn, match):
