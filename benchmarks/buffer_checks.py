@@ -3,7 +3,9 @@ buffers, compiled with the checks on (the default) and off (`bl.buffer_checks(Fa
 timed round-robin in one process after warm-up; the medians and their ratio, and
 the compiled temporary memory of each.
 
-    python benchmarks/buffer_checks.py [--rounds 30] [--out FILE]
+    python benchmarks/buffer_checks.py [--rounds 40] [--out FILE]
+
+writes `results/buffer_checks.json`; `checks_table` makes the docs' table from it.
 
 The workloads: the gradient (and the forward) of an M-step loop writing one row of
 an (M, 256) buffer per step, M = 256 and 4096; the gradient of the neural ODE of
@@ -15,6 +17,8 @@ workloads of `regression.py` have no buffers: there the checks add nothing.
 
 import argparse
 import contextlib
+import json
+import pathlib
 import random
 import statistics
 import time
@@ -69,7 +73,7 @@ def temp_bytes(fn, args, on: bool) -> int:
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     cases = []
@@ -89,29 +93,53 @@ def main():
                     start = time.perf_counter()
                     jax.block_until_ready(fn(*fn_args))
                     times[(label, on)].append(time.perf_counter() - start)
-    lines = [
-        f"buffer checks on (default) against off, {jax.default_backend()}, "
-        f"{args.rounds} rounds; medians, and the median and quartiles of the "
-        "per-round ratio",
-        "| workload | on (ms) | off (ms) | on / off (quartiles) | "
-        "temp memory on / off (kB) |",
-        "|---|---|---|---|---|",
-    ]
+    rows = []
     for label, fn, fn_args in sorted(cases, key=lambda c: c[0]):
         on, off = times[(label, True)], times[(label, False)]
-        ratios = sorted(a / b for a, b in zip(on, off))
-        q1, q2, q3 = statistics.quantiles(ratios, n=4)
-        mem = [temp_bytes(fn, fn_args, s) / 1e3 for s in (True, False)]
-        lines.append(
-            f"| {label} | {statistics.median(on) * 1e3:.3f} | "
-            f"{statistics.median(off) * 1e3:.3f} | {q2:.3f} ({q1:.3f} to {q3:.3f}) | "
-            f"{mem[0]:.1f} / {mem[1]:.1f} |"
+        q1, q2, q3 = statistics.quantiles([a / b for a, b in zip(on, off)], n=4)
+        mem = [temp_bytes(fn, fn_args, s) for s in (True, False)]
+        rows.append(
+            {
+                "workload": label,
+                "on_ms": statistics.median(on) * 1e3,
+                "off_ms": statistics.median(off) * 1e3,
+                "ratio": q2,
+                "quartiles": [q1, q3],
+                "temp_bytes": mem,
+            }
         )
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    results = {"backend": jax.default_backend(), "rounds": args.rounds, "rows": rows}
+    out = pathlib.Path(args.out or RESULTS)
+    out.write_text(json.dumps(results, indent=1) + "\n")
+    print(checks_table(results))
+
+
+RESULTS = pathlib.Path(__file__).parent / "results" / "buffer_checks.json"
+
+
+def checks_table(results: dict | None = None) -> str:
+    """The docs' table of `results` (by default, the committed results file)."""
+    if results is None:
+        results = json.loads(RESULTS.read_text())
+    lines = [
+        "| workload | checked (ms) | unchecked (ms) | checked / unchecked, "
+        "median (quartiles) | temp memory checked / unchecked (kB) |",
+        "|---|---|---|---|---|",
+    ]
+    for row in results["rows"]:
+        q1, q3 = row["quartiles"]
+        on, off = (b / 1e3 for b in row["temp_bytes"])
+        lines.append(
+            f"| {row['workload']} | {row['on_ms']:.3f} | {row['off_ms']:.3f} | "
+            f"{row['ratio']:.3f} ({q1:.3f} to {q3:.3f}) | {on:.1f} / {off:.1f} |"
+        )
+    lines.append("")
+    lines.append(
+        f"{results['rounds']} rounds on the {results['backend']} backend; in each "
+        "round the checked and unchecked programs run back to back in a random "
+        "order."
+    )
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -1,13 +1,22 @@
-"""The buffer checks at run time: each location written at most once, and only
-written locations read.
+"""The buffer checks at run time: each location written at most once, and no read
+whose gradient would see a later write.
 
-On by default, off inside `with bl.buffer_checks(False):`. The body is not traced
-again for them: the sweep keeps one bool mask per buffer (which locations are
-written) and, after each step, replays the step's reads and writes (`StepOut.reads`
-and `.writes`, in the order `Layout.sites` records) against it. The first violation
-is kept, with its step and index, and raised once after the loop, attached to
-everything the loop returns: one bool per buffer element, and no callback, in the
-loop.
+On by default (`bl.buffer_checks(False)` turns them off), and the body is not traced
+again for them: each sweep replays a step's reads and writes (`StepOut.reads` and
+`.writes`, in the order `Layout.sites` records) against a mask per buffer, updated
+in place, and the first violation is raised once after the loop, attached to what
+the loop returns. Nothing in the loop waits for the host.
+
+- The forward sweep, by default (`WriteCounts`): how often each location was
+  written, saturating at 2. A location written twice is found after the loop,
+  without its step.
+- The forward sweep inside `bl.buffer_checks()` (`CheckState`): which locations
+  are written, checked at every write and read (no read of an unwritten
+  location), keeping the first violation's step and index.
+- The reverse sweep (`ReverseCheck`): which locations the steps already reversed
+  wrote. A read whose cotangent is nonzero at such a location read the value from
+  before a later write, but the backward pass reads the buffer as the loop left it:
+  its gradient would be wrong.
 """
 
 import dataclasses
@@ -59,13 +68,11 @@ class CheckState(eqx.Module):
     masks: tuple  # per buffer, which locations are written
     steps: Int[Array, ""]  # the steps this element has taken
     found: Found
-    reads: bool = eqx.field(static=True)  # check that reads are of written locations
 
 
-def initial(bufs, layout, read_check: str | None) -> CheckState:
+def initial(bufs, layout) -> CheckState:
     masks = tuple(jnp.zeros(b.shape, bool) for b in bufs)
-    zero = jnp.array(0, jnp.int32)
-    return CheckState(masks, zero, Found.none(layout), read_check == "unwritten")
+    return CheckState(masks, jnp.array(0, jnp.int32), Found.none(layout))
 
 
 # `Found.site` of a location written twice found by `WriteCounts`, for buffer `leaf`:
@@ -140,7 +147,7 @@ def check_step(state, out, active: Bool[Array, ""], layout):
     masks = list(state.masks)
     versions = [0] * len(masks)  # how many writes (and hand-overs) each mask has seen
     kept = {}  # masks at earlier versions, for reads through a stale `Buffer`
-    stale = _stale_reads(layout) if state.reads else set()
+    stale = _stale_reads(layout)
     for leaf in range(len(masks)):
         if (leaf, 0) in stale:
             kept[leaf, 0] = masks[leaf]
@@ -148,7 +155,7 @@ def check_step(state, out, active: Bool[Array, ""], layout):
     for n, s in enumerate(layout.sites):
         checked = s.leaf not in layout.shared  # else an inner loop writes it
         if s.kind == "read":
-            if state.reads and checked:
+            if checked:
                 index = out.reads[s.number]
                 mask = masks[s.leaf]
                 if s.version != versions[s.leaf]:
@@ -169,7 +176,7 @@ def check_step(state, out, active: Bool[Array, ""], layout):
         if (s.leaf, versions[s.leaf]) in stale:
             kept[s.leaf, versions[s.leaf]] = masks[s.leaf]
     steps = state.steps + active.astype(jnp.int32)
-    return CheckState(tuple(masks), steps, found, state.reads)
+    return CheckState(tuple(masks), steps, found)
 
 
 def _after(old, live, found: Found):

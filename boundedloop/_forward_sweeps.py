@@ -37,7 +37,7 @@ def _checks(loop: TracedLoop, config: LoopConfig):
     if config.buffer_check is None or not loop.bufs:
         return None
     if config.read_check == "unwritten":  # `bl.buffer_checks()`: every step
-        return _buffer_checks.initial(loop.bufs, loop.layout, config.read_check)
+        return _buffer_checks.initial(loop.bufs, loop.layout)
     return _buffer_checks.initial_counts(loop.bufs, loop.layout)
 
 
