@@ -23,7 +23,6 @@ import dataclasses
 
 import equinox as eqx
 import jax.numpy as jnp
-from jax import lax
 from jaxtyping import Array, Bool, Int
 
 from ._buffers import buffer_names
@@ -75,75 +74,13 @@ def initial(bufs, layout) -> CheckState:
     return CheckState(masks, jnp.array(0, jnp.int32), Found.none(layout))
 
 
-# `Found.site` of a location written twice found by `WriteCounts`, for buffer `leaf`:
-# `COUNTED + leaf` (the step is not known)
-COUNTED = 1 << 20
-
-
-class WriteCounts(eqx.Module):
-    """The default forward check: per buffer (`None` for one an inner loop writes),
-    how often each location was written, saturating at 2. One read-modify-write of
-    the written window per write, in place, and nothing else in the loop: which
-    location was written twice is found after it (`raise_violations`)."""
-
-    counts: tuple
-
-
-def initial_counts(bufs, layout) -> WriteCounts:
-    return WriteCounts(
-        tuple(
-            None if leaf in layout.shared else jnp.zeros(b.shape, jnp.int8)
-            for leaf, b in enumerate(bufs)
-        )
-    )
-
-
-def _count_step(state: WriteCounts, out, active, layout) -> WriteCounts:
-    counts = list(state.counts)
-    for s in layout.sites:
-        if s.kind == "write" and counts[s.leaf] is not None:
-            _, index, pred = out.writes[s.number]
-            live = jnp.logical_and(active, pred).astype(jnp.int8)
-            old = get(counts[s.leaf], index)
-            counts[s.leaf] = put(counts[s.leaf], index, jnp.minimum(old + live, 2))
-    return WriteCounts(tuple(counts))
-
-
-def _counted_found(state: WriteCounts, layout) -> Found:
-    """The first buffer with a location written twice, and that location."""
-    rank = max([1, *(c.ndim for c in state.counts if c is not None)])
-    found = Found.none(layout)
-    found = Found(found.site, jnp.array(-1, jnp.int32), jnp.zeros(rank, jnp.int32))
-    for leaf, counts in enumerate(state.counts):
-        if counts is None:
-            continue
-        twice = counts >= 2
-        broken = jnp.any(twice)
-
-        def where(twice=twice):  # only when there is one to find (an argmax is slow)
-            at = jnp.unravel_index(jnp.argmax(twice.reshape(-1)), twice.shape)
-            at = jnp.stack(at).astype(jnp.int32)
-            return jnp.zeros(rank, jnp.int32).at[: twice.ndim].set(at)
-
-        ints = lax.cond(broken, where, lambda: jnp.zeros(rank, jnp.int32))
-        first = jnp.logical_and(broken, found.site == 0)
-        found = Found(
-            jnp.where(first, COUNTED + leaf, found.site),
-            found.step,
-            jnp.where(first, ints, found.ints),
-        )
-    return found
-
-
-def check_step(state, out, active: Bool[Array, ""], layout):
-    """`state` (a `CheckState` or `WriteCounts`) after one step, whose `StepOut` is `out`, taken where `active`.
+def check_step(state: CheckState, out, active: Bool[Array, ""], layout) -> CheckState:
+    """`state` after one step, whose `StepOut` is `out`, taken where `active`.
 
     A read sees the mask as it was at the version of the buffer it read (a read of
     a buffer before a write of the same step does not see that write), as the value
     read does. Each mask is updated in place: a write reads the window it updates
     (`old | live`), and waits for the reads checked before it."""
-    if isinstance(state, WriteCounts):
-        return _count_step(state, out, active, layout)
     masks = list(state.masks)
     versions = [0] * len(masks)  # how many writes (and hand-overs) each mask has seen
     kept = {}  # masks at earlier versions, for reads through a stale `Buffer`
@@ -212,7 +149,7 @@ class ReverseCheck(eqx.Module):
 def reverse_initial(step, bufs, layout, read_check: str | None):
     """The reverse check's initial state, or `None` where it has nothing to check:
     unless `read_check` is `"later"`, or no differentiated buffer is read."""
-    if read_check != "later" or not step.float_reads:
+    if read_check != "later" or not any(step.sparse):
         return None
     later = tuple(
         jnp.zeros(b.shape, bool) if sparse else None
@@ -224,35 +161,48 @@ def reverse_initial(step, bufs, layout, read_check: str | None):
 def reverse_check(check: ReverseCheck, step, updates, i, layout) -> ReverseCheck:
     """`check` after reversing step `i`, whose `BufferUpdates` are `updates`.
 
-    A read whose cotangent is nonzero somewhere the loop wrote only later (at a
-    later step, or later in this one) is a violation: the forward read the value
-    from before that write, but the backward pass reads the buffer as the loop
-    left it, so the gradient would use the later value. A read whose value does not
-    matter (multiplied by zero, or dropped by `jnp.where`) has a zero cotangent
-    there and passes."""
+    Both rules matter to the gradient only, and both are checked against the
+    locations the loop wrote later (at a later step, or later in this one), which
+    the backward pass sees because it reads the buffer as the loop left it:
+
+    - a write there: the location was written twice;
+    - a read whose cotangent is nonzero there: the forward read the value from
+        before that write, the gradient would use the later one. A read whose
+        value does not matter (multiplied by zero, or dropped by `jnp.where`) has
+        a zero cotangent there and passes.
+    """
     sites = {(s.kind, s.number): (n, s) for n, s in enumerate(layout.sites)}
     write_numbers = [
         n for n, leaf in enumerate(layout.write_leaves) if step.sparse[leaf]
     ]
     writes = [
-        (sites["write", n][1], index, live)
+        (*sites["write", n], index, live)
         for n, (index, live) in zip(write_numbers, updates.cleared)
     ]
     found = check.found
     later = list(check.later)
+
+    def written_later(s, index, since):
+        """Where `index` of buffer `s.leaf` is written later than `since` (a
+        version of the buffer in this step)."""
+        shape = later[s.leaf].shape
+        hit = get(later[s.leaf], index)
+        for _, w, w_index, w_live in writes:
+            if w.leaf == s.leaf and w.version >= since:
+                ones = jnp.ones(w_index.result_shape(), bool)
+                _, covered = overlay(hit, index, w_index, ones, shape)
+                hit = hit | (covered & w_live)
+        return hit
+
     for k, (index, live, d) in zip(step.float_reads, updates.added):
         n, s = sites["read", k]
-        overwritten = get(later[s.leaf], index)
-        for w, w_index, w_live in writes:  # this step's writes after the read
-            if w.leaf == s.leaf and w.version >= s.version:
-                ones = jnp.ones(w_index.result_shape(), bool)
-                shape = later[s.leaf].shape
-                _, covered = overlay(overwritten, index, w_index, ones, shape)
-                overwritten = overwritten | (covered & w_live)
-        matters = jnp.logical_and(overwritten, d != 0)
+        matters = jnp.logical_and(written_later(s, index, s.version), d != 0)
         broken = jnp.logical_and(live, jnp.any(matters))
         found = found.first(broken, -(n + 1), i, index, earlier=False)
-    for w, index, live in writes:
+    for n, s, index, live in writes:
+        again = jnp.any(written_later(s, index, s.version + 1))
+        found = found.first(jnp.logical_and(live, again), -(n + 1), i, index, False)
+    for _, w, index, live in writes:
         old = get(later[w.leaf], index)
         later[w.leaf] = put(later[w.leaf], index, _after(old, live, found))
     return ReverseCheck(tuple(later), found)
@@ -269,12 +219,19 @@ class BufferViolation:
     shapes: tuple  # per buffer, its shape
 
     def format(self, site, step, ints) -> str:
-        if int(site) >= COUNTED:
-            return self._counted(int(site) - COUNTED, ints)
         s = self.sites[abs(int(site)) - 1]
         index = describe_index(s.pattern, [int(i) for i in ints], self.shapes[s.leaf])
         buffer = self.buffers[s.leaf]
-        if int(site) < 0:
+        if int(site) < 0 and s.kind == "write":
+            what = (
+                f"wrote the buffer {buffer} at {index} at step {int(step)} (counting "
+                "from 0) of the loop, and wrote that location again later (at a "
+                "later step, or later in that one): a location already written. "
+                "Each location of a buffer may be written at most once in a loop; "
+                "the backward pass reads the buffer as the loop left it, so the "
+                "gradient would be wrong"
+            )
+        elif int(site) < 0:
             what = (
                 f"read the buffer {buffer} at {index} at step {int(step)} (counting "
                 "from 0) of the loop, and the value read matters, but the loop "
@@ -303,19 +260,6 @@ class BufferViolation:
             "`with bl.buffer_checks(False):` turns the check off.)"
         )
 
-    def _counted(self, leaf: int, ints) -> str:
-        shape = self.shapes[leaf]
-        index = describe_index((None,) * len(shape), [int(i) for i in ints], shape)
-        lines = [s.where for s in self.sites if s.kind == "write" and s.leaf == leaf]
-        return (
-            f"`{self.loop}`: `body_fun` wrote the buffer {self.buffers[leaf]} at "
-            f"{index} twice, at {' or '.join(dict.fromkeys(lines))}: a location "
-            "already written. Each location of a buffer may be written at most once "
-            "in a loop. (Checked by default; `with bl.buffer_checks():` checks each "
-            "step and names the step, `with bl.buffer_checks(False):` turns the "
-            "checks off.)"
-        )
-
     def summary(self) -> str:
         """The message without its run-time details, for where they cannot reach
         (a TPU's host callback)."""
@@ -330,10 +274,7 @@ def raise_violations(name: str, layout, bufs, state, tree):
     `state`: a `CheckState`, a `ReverseCheck` or `None` (nothing checked)."""
     if state is None:
         return tree
-    if isinstance(state, WriteCounts):
-        found = _counted_found(state, layout)
-    else:
-        found = state.found
+    found = state.found
     shapes = tuple(b.shape for b in bufs)
     message = BufferViolation(name, layout.sites, buffer_names(layout, bufs), shapes)
     details = (found.site, found.step, found.ints)

@@ -33,12 +33,15 @@ def _within(step, max_steps):
 
 
 def _checks(loop: TracedLoop, config: LoopConfig):
-    """The buffer checks' initial state (`_buffer_checks`), or `None`: unchecked."""
+    """The forward sweep's buffer checks' initial state (`_buffer_checks`), or
+    `None`: unchecked. By default the rules are checked in the reverse sweep only:
+    breaking them changes the gradient, never the forward's values (a buffer's
+    reads and writes are a `jnp` array's)."""
     if config.buffer_check is None or not loop.bufs:
         return None
-    if config.read_check == "unwritten":  # `bl.buffer_checks()`: every step
-        return _buffer_checks.initial(loop.bufs, loop.layout)
-    return _buffer_checks.initial_counts(loop.bufs, loop.layout)
+    if config.read_check != "unwritten":  # only `bl.buffer_checks()` checks here
+        return None
+    return _buffer_checks.initial(loop.bufs, loop.layout)
 
 
 def _going_on(loop, x, bufs):

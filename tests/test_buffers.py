@@ -285,20 +285,20 @@ def test_misuse_check_catches_double_write_and_unwritten_read():
         return jax.jit(jax.grad(lambda x: jnp.sum(run(x) ** 2)))
 
     zeros = jnp.zeros(5)
-    written_twice = "location already written"
-    # on by default: a second write, forward and gradient
-    with pytest.raises(Exception, match=written_twice):
-        jax.block_until_ready(jax.jit(make_run(double_write))(zeros))
-    with pytest.raises(Exception, match=written_twice):
-        jax.block_until_ready(grad_of(make_run(double_write))(zeros))
-    # a read of a location written only later: its value is right, its gradient
-    # would not be, so the default checks the gradient
-    jax.block_until_ready(jax.jit(make_run(unwritten_read))(zeros))
-    with pytest.raises(Exception, match="wrote that location only later"):
-        jax.block_until_ready(grad_of(make_run(unwritten_read))(zeros))
-    # `bl.buffer_checks()` refuses any read of an unwritten location, forward too;
-    # the flag is read when a loop is traced, so trace afresh inside the block
+    # by default, the gradient: the forward's values are right (a `jnp` array's),
+    # its gradient would not be
+    for body, message in [
+        (double_write, "location already written"),
+        (unwritten_read, "wrote that location only later"),
+    ]:
+        jax.block_until_ready(jax.jit(make_run(body))(zeros))
+        with pytest.raises(Exception, match=message):
+            jax.block_until_ready(grad_of(make_run(body))(zeros))
+    # `bl.buffer_checks()` checks the forward too, step by step; the flag is read
+    # when a loop is traced, so trace afresh inside the block
     with bl.buffer_checks():
+        with pytest.raises(Exception, match="location already written"):
+            jax.block_until_ready(jax.jit(make_run(double_write))(zeros))
         with pytest.raises(Exception, match="location not yet written"):
             jax.block_until_ready(jax.jit(make_run(unwritten_read))(zeros))
     # off: no error
