@@ -23,8 +23,9 @@ import dataclasses
 
 import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Int
+from jaxtyping import Array, Int
 
+from . import _cost_model
 from ._buffers import buffer_names
 from ._checks import raise_if
 from ._indexing import describe_index, get, overlay, put
@@ -61,59 +62,15 @@ class Found(eqx.Module):
         )
 
 
-class CheckState(eqx.Module):
-    """What the forward sweep's checks carry (per element, under `vmap`)."""
-
-    masks: tuple  # per buffer, which locations are written
-    steps: Int[Array, ""]  # the steps this element has taken
-    found: Found
+# a step of at least this much work (`_cost_model.work`) has its loop's buffers
+# checked by default: the measured cost is under 5% of the gradient there
+# (`benchmarks/results/buffer_checks.json`)
+CHECKED_WORK = 2**20
 
 
-def initial(bufs, layout) -> CheckState:
-    masks = tuple(jnp.zeros(b.shape, bool) for b in bufs)
-    return CheckState(masks, jnp.array(0, jnp.int32), Found.none(layout))
-
-
-def check_step(state: CheckState, out, active: Bool[Array, ""], layout) -> CheckState:
-    """`state` after one step, whose `StepOut` is `out`, taken where `active`.
-
-    A read sees the mask as it was at the version of the buffer it read (a read of
-    a buffer before a write of the same step does not see that write), as the value
-    read does. Each mask is updated in place: a write reads the window it updates
-    (`old | live`), and waits for the reads checked before it."""
-    masks = list(state.masks)
-    versions = [0] * len(masks)  # how many writes (and hand-overs) each mask has seen
-    kept = {}  # masks at earlier versions, for reads through a stale `Buffer`
-    stale = _stale_reads(layout)
-    for leaf in range(len(masks)):
-        if (leaf, 0) in stale:
-            kept[leaf, 0] = masks[leaf]
-    found = state.found
-    for n, s in enumerate(layout.sites):
-        checked = s.leaf not in layout.shared  # else an inner loop writes it
-        if s.kind == "read":
-            if checked:
-                index = out.reads[s.number]
-                mask = masks[s.leaf]
-                if s.version != versions[s.leaf]:
-                    mask = kept[s.leaf, s.version]
-                written = jnp.all(get(mask, index))
-                broken = jnp.logical_and(active, ~written)
-                found = found.first(broken, n + 1, state.steps, index)
-            continue
-        if s.kind == "write":
-            _, index, pred = out.writes[s.number]
-            live = jnp.logical_and(active, pred)
-            old = get(masks[s.leaf], index)
-            if checked:
-                broken = jnp.logical_and(live, jnp.any(old))
-                found = found.first(broken, n + 1, state.steps, index)
-            masks[s.leaf] = put(masks[s.leaf], index, _after(old, live, found))
-        versions[s.leaf] += 1
-        if (s.leaf, versions[s.leaf]) in stale:
-            kept[s.leaf, versions[s.leaf]] = masks[s.leaf]
-    steps = state.steps + active.astype(jnp.int32)
-    return CheckState(tuple(masks), steps, found)
+def worth_checking(body) -> bool:
+    """Whether the default checks the buffers of a loop with this traced body."""
+    return _cost_model.work(body.jaxpr) >= CHECKED_WORK
 
 
 def _after(old, live, found: Found):
@@ -126,18 +83,6 @@ def _after(old, live, found: Found):
     return jnp.logical_or(old, jnp.logical_or(live, checked))
 
 
-def _stale_reads(layout) -> set:
-    """`(leaf, version)` of the reads through a `Buffer` that was written since."""
-    seen = {}
-    stale = set()
-    for s in layout.sites:
-        if s.kind == "read" and s.version != seen.get(s.leaf, 0):
-            stale.add((s.leaf, s.version))
-        elif s.kind != "read":
-            seen[s.leaf] = seen.get(s.leaf, 0) + 1
-    return stale
-
-
 class ReverseCheck(eqx.Module):
     """What the reverse sweep's check carries: per sparsely differentiated buffer
     (else `None`), the locations written by the steps already reversed."""
@@ -146,10 +91,10 @@ class ReverseCheck(eqx.Module):
     found: Found
 
 
-def reverse_initial(step, bufs, layout, read_check: str | None):
+def reverse_initial(step, bufs, layout, name: str | None):
     """The reverse check's initial state, or `None` where it has nothing to check:
-    unless `read_check` is `"later"`, or no differentiated buffer is read."""
-    if read_check != "later" or not any(step.sparse):
+    the loop (named `name`) is not checked, or no buffer is differentiated."""
+    if name is None or not any(step.sparse):
         return None
     later = tuple(
         jnp.zeros(b.shape, bool) if sparse else None

@@ -73,6 +73,8 @@ class Site(NamedTuple):
     number: int  # the how-manieth read (or write) of the step
     pattern: tuple  # the index's static pattern (`Index.pattern`)
     where: str  # the user's line, "file.py:12 in body"
+    # a write with no `pred` to a static index: the same location at every step
+    every_step: bool = False
 
 
 class StepTrace:
@@ -145,8 +147,10 @@ class StepTrace:
         self.reads.append((leaf, index, shape))
         return value
 
-    def _site(self, kind, leaf, version, number, index):
-        self.sites.append(Site(kind, leaf, version, number, index.pattern, user_line()))
+    def _site(self, kind, leaf, version, number, index, every_step=False):
+        where = user_line()
+        site = Site(kind, leaf, version, number, index.pattern, where, every_step)
+        self.sites.append(site)
 
     def _here(self, leaf: int, what: str):
         """Raise if the body is inside a JAX transformation of its own (`lax.cond`,
@@ -195,7 +199,8 @@ class StepTrace:
             pred = jnp.logical_and(pred, self.gate)
         if unconditional:
             self._check_not_written_here(leaf, index)
-        self._site("write", leaf, version, len(self.writes), index)
+        every_step = unconditional and index.static_ints is not None
+        self._site("write", leaf, version, len(self.writes), index, every_step)
         self.writes.append(Write(leaf, index, value, pred, version, unconditional))
         live = jnp.logical_and(pred, self.active)
         self.arrays[leaf] = put(array, index, value, live)
@@ -228,6 +233,23 @@ class StepTrace:
         self._site("hand", leaf, version, 0, make_index(..., array.shape))
         self.arrays[leaf] = array
         self.history[leaf].append(array)
+
+
+def check_every_step_writes(layout, names, max_steps: int | None, name: str):
+    """Raise if the body writes a static location with no `pred` and the loop may
+    take a second step: that step writes the location again."""
+    if max_steps is not None and max_steps < 2:
+        return
+    for s in layout.sites:
+        if s.kind == "write" and s.every_step:
+            raise ValueError(
+                f"`{name}`: `body_fun` at {s.where} writes the buffer {names[s.leaf]} "
+                "at a static index with no `pred`, so every step writes the same "
+                "location, and a second step would write it again. Each location of "
+                "a buffer may be written at most once in a loop: index the write "
+                "by the step (`buf.at[i].set(x)`), or write it once "
+                "(`buf.at[0].set(x, pred=i == 0)`)."
+            )
 
 
 def check_returned_newest(trace: StepTrace, returned: "Buffer", name: str):

@@ -97,22 +97,11 @@ def buffer_checks(enabled: bool = True):
         yield
 
 
-def buffer_check_reads() -> str | None:
-    """Which reads the buffer checks of a loop traced now check:
-
-    - `"later"` (the default): a read whose value matters must not be of a
-        location written later (checked in the reverse sweep: it would see the
-        later value there, and the gradient would be wrong);
-    - `"unwritten"` (`bl.buffer_checks()`): no location is read unwritten (the
-        rule as documented, checked in the forward sweep, step by step; it also
-        refuses a read whose value does not matter);
-    - `None`: none (the checks are off).
-    """
-    return {None: "later", True: "unwritten"}.get(_buffer_checks.value)
-
-
-def buffer_checks_enabled() -> bool:
-    return _buffer_checks.value is not False
+def buffer_checks_mode() -> str:
+    """`"on"` inside `bl.buffer_checks()`, `"off"` inside `bl.buffer_checks(False)`,
+    and by default `"auto"`: on for loops whose steps are heavy enough that the
+    checks cost little (`_buffer_checks.worth_checking`)."""
+    return {None: "auto", True: "on", False: "off"}[_buffer_checks.value]
 
 
 @contextlib.contextmanager

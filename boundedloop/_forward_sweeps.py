@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
-from . import _buffer_checks, _checkpoint_store, _cost_model, _progress
+from . import _checkpoint_store, _cost_model, _progress
 from ._batching import any_across_batch, select_if_batched
 from ._checkpoint_store import CheckpointStore
 from ._checks import check_stopped
@@ -30,18 +30,6 @@ from ._trace import LoopConfig, TracedLoop
 
 def _within(step, max_steps):
     return True if max_steps is None else step < max_steps
-
-
-def _checks(loop: TracedLoop, config: LoopConfig):
-    """The forward sweep's buffer checks' initial state (`_buffer_checks`), or
-    `None`: unchecked. By default the rules are checked in the reverse sweep only:
-    breaking them changes the gradient, never the forward's values (a buffer's
-    reads and writes are a `jnp` array's)."""
-    if config.buffer_check is None or not loop.bufs:
-        return None
-    if config.read_check != "unwritten":  # only `bl.buffer_checks()` checks here
-        return None
-    return _buffer_checks.initial(loop.bufs, loop.layout)
 
 
 def _going_on(loop, x, bufs):
@@ -60,12 +48,8 @@ def _active(loop, x, bufs):
     return select_if_batched(going, jnp.logical_or(going, True), going)
 
 
-def _finish(loop: TracedLoop, config: LoopConfig, tree, checks=None):
-    """`tree`, with the buffer checks' error attached (for the violations in
-    `checks`), and `bl.max_steps_check`'s when it is on."""
-    tree = _buffer_checks.raise_violations(
-        config.buffer_check, loop.layout, loop.bufs, checks, tree
-    )
+def _finish(loop: TracedLoop, config: LoopConfig, tree):
+    """`tree`, with `bl.max_steps_check`'s error attached when it is on."""
     if config.stop_check is None:
         return tree
     return check_stopped(loop, tree, config.stop_check, config.max_steps)
@@ -99,11 +83,10 @@ def plain_sweep(loop: TracedLoop, config: LoopConfig):
         return _finish(loop, config, (final, ()))
 
     going, step = _stepping(loop, body, max_steps, meter)
-    checks = _checks(loop, config)
-    state = (jnp.array(0, jnp.int32), loop.init, loop.bufs, checks, None)
-    t, x, bufs, checks, _ = varying_while_loop(going, step, state)
+    state = (jnp.array(0, jnp.int32), loop.init, loop.bufs, None)
+    t, x, bufs, _ = varying_while_loop(going, step, state)
     _progress.done(meter, t)
-    return _finish(loop, config, (x, bufs), checks)
+    return _finish(loop, config, (x, bufs))
 
 
 class _Stores(NamedTuple):
@@ -158,24 +141,23 @@ def _initial_stores(
 
 
 def _stepping(loop: TracedLoop, body, max_steps, meter):
-    """`(going, step)` on `(t, x, bufs, checks, trips)`: whether the loop goes
-    on, and one masked step, counting each element's trips (unless `trips` is
-    `None`) and checking the buffer rules (unless `checks` is `None`)."""
+    """`(going, step)` on `(t, x, bufs, trips)`: whether the loop goes on, and one
+    masked step, counting each element's trips (unless `trips` is `None`)."""
 
     def going(stepping):
-        t, x, bufs, _, _ = stepping
+        t, x, bufs, _ = stepping
         on = any_across_batch(_going_on(loop, x, bufs))
         return jnp.logical_and(_within(t, max_steps), on)
 
     def step(stepping):
-        t, x, bufs, checks, trips = stepping
+        t, x, bufs, trips = stepping
         active = _active(loop, x, bufs)
-        new_x, bufs, checks = advance(body, loop.layout, x, bufs, active, checks)
+        new_x, bufs = advance(body, loop.layout, x, bufs, active)
         x = select_if_batched(active, new_x, x)
         if trips is not None:
             trips = trips + active.astype(jnp.int32)
         _progress.tick(meter, t + 1)
-        return t + 1, x, bufs, checks, trips
+        return t + 1, x, bufs, trips
 
     return going, step
 
@@ -205,7 +187,7 @@ def checkpointed_sweep(loop: TracedLoop, config: LoopConfig, perturbed=None):
     in_order = _cost_model.runs_in_order(body, slots, max_steps, (rows, loop.bufs))
     rule = store_rule(slots, max_steps, config.known_length, in_order)
 
-    # the carry: `stepping = (t, x, bufs, checks, trips)` and `_Stores`
+    # the carry: `stepping = (t, x, bufs, trips)` and `_Stores`
     going, step = _stepping(loop, body, max_steps, meter)
 
     def store_every_step(state):
@@ -225,7 +207,7 @@ def checkpointed_sweep(loop: TracedLoop, config: LoopConfig, perturbed=None):
         return stepping, _store_event(rule, *stepping[:2], stores, going(stepping))
 
     zero = jnp.array(0, jnp.int32)
-    stepping = (zero, loop.init, loop.bufs, _checks(loop, config), zero)
+    stepping = (zero, loop.init, loop.bufs, zero)
     stores = _initial_stores(loop, slots, perturbed, in_order)
     if rule is None:
         outer = store_every_step
@@ -235,7 +217,7 @@ def checkpointed_sweep(loop: TracedLoop, config: LoopConfig, perturbed=None):
     stepping, stores = varying_while_loop(
         lambda state: going(state[0]), outer, (stepping, stores)
     )
-    length, x, bufs, checks, trips = stepping
+    length, x, bufs, trips = stepping
     _progress.done(meter, length)
     positions = stores.positions
     used = jnp.sum(positions != _checkpoint_store.UNUSED, dtype=jnp.int32)
@@ -243,8 +225,8 @@ def checkpointed_sweep(loop: TracedLoop, config: LoopConfig, perturbed=None):
         steps = jnp.arange(slots, dtype=jnp.int32)
         positions = jnp.where(steps < length, steps, _checkpoint_store.UNUSED)
         used = jnp.minimum(length, slots)
-    # the checks travel with the trip count too, which every backward pass reads
-    x, bufs, length = _finish(loop, config, (x, bufs, length), checks)
+    # the check travels with the trip count too, which every backward pass reads
+    x, bufs, length = _finish(loop, config, (x, bufs, length))
     return (x, bufs), CheckpointStore(
         stores.storage, positions, used, trips, length, bufs
     )
@@ -270,7 +252,7 @@ def replay_sweep(body, layout, x, bufs, tape: CheckpointStore):
     def step(state):
         t, x, bufs = state
         active = t < tape.trips
-        new_x, bufs, _ = advance(body, layout, x, bufs, active)
+        new_x, bufs = advance(body, layout, x, bufs, active)
         return t + 1, select_if_batched(active, new_x, x), bufs
 
     init = (jnp.array(0, jnp.int32), x, bufs)

@@ -213,7 +213,9 @@ def reverse_sweep(
         carried(sweep, ct_final),
         ct_bufs,
         step.zero_ct_body(),
-        _buffer_checks.reverse_initial(step, tape.bufs, step.layout, config.read_check),
+        _buffer_checks.reverse_initial(
+            step, tape.bufs, step.layout, config.buffer_check
+        ),
     )
     reverse = reverse_stored if sweep.every_step_stored else reverse_segment
     reverse = functools.partial(reverse, sweep)

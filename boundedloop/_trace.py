@@ -157,8 +157,6 @@ class LoopConfig(eqx.Module):
     stop_check: str | None = eqx.field(static=True, default=None)
     # the loop's name for the buffer checks' errors, or None: no check
     buffer_check: str | None = eqx.field(static=True, default=None)
-    # which reads the buffer checks check (`_checks.buffer_check_reads`)
-    read_check: str | None = eqx.field(static=True, default=None)
 
 
 class BodyOutput(NamedTuple):

@@ -4,10 +4,16 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ._autodiff import differentiable_loop
-from ._buffers import lend_buffers, lent_gate, return_buffers
+from ._buffer_checks import worth_checking
+from ._buffers import (
+    buffer_names,
+    check_every_step_writes,
+    lend_buffers,
+    lent_gate,
+    return_buffers,
+)
 from ._checks import (
-    buffer_check_reads,
-    buffer_checks_enabled,
+    buffer_checks_mode,
     can_raise_here,
     check_stopped,
     max_steps_check_mode,
@@ -157,6 +163,8 @@ def run_loop(
         loop = trace_loop(
             cond_fun, body_fun, init_val, buffers, name=name, gate=lent_gate(lent)
         )
+    names = buffer_names(loop.layout, loop.bufs)
+    check_every_step_writes(loop.layout, names, max_steps, name)
     # a scan always takes all its steps; an unbounded loop never runs out
     checked = not known_length and max_steps is not None
     check = max_steps_check_mode() if checked else None
@@ -172,8 +180,7 @@ def run_loop(
             loop.layout,
             known_length,
             stop_check=name if check == "raise" else None,
-            buffer_check=name if buffer_checks_enabled() and can_raise_here() else None,
-            read_check=buffer_check_reads(),
+            buffer_check=name if _checks_buffers(loop) else None,
         )
         x, bufs = differentiable_loop(loop, config)
     if check == "warn":  # after the loop, outside its sweeps: once per forward pass
@@ -184,3 +191,11 @@ def run_loop(
     # the predicate on the final carry: still true only if the loop ran out of steps
     still_going = None if max_steps is None else loop.cond(x, bufs)
     return out.carry, loop_stats(out.steps, still_going, max_steps)
+
+
+def _checks_buffers(loop) -> bool:
+    """Whether the loop's buffer rules are checked (in its reverse sweep)."""
+    if not loop.bufs or not can_raise_here():
+        return False
+    mode = buffer_checks_mode()
+    return mode == "on" or (mode == "auto" and worth_checking(loop.body))
