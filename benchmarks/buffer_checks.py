@@ -1,23 +1,17 @@
-"""What the buffer checks cost: gradients compiled with the checks as chosen (by
-default, or forced on with `bl.buffer_checks()`) against the same gradients with
-them off (`bl.buffer_checks(False)`), timed in one process after warm-up, the two
-back to back in a random order each round; the medians, the median and quartiles
-of the per-round ratio, and the compiled temporary memory of each.
+"""What `bl.buffer_checks()` costs: gradients compiled with the checks on against
+the same gradients with them off (the default), timed in one process after
+warm-up, the two back to back in a random order each round; the medians, the
+median and quartiles of the per-round ratio, and the compiled temporary memory.
 
     python benchmarks/buffer_checks.py [--rounds 40] [--out FILE]
 
 writes `results/buffer_checks.json` (or FILE); `checks_table` makes the docs' table.
 
-The workloads:
-
-- `regression.py`'s with buffers, by default: an M-step loop writing one row of an
-  (M, 256) buffer per step (M = 256 and 4096), the neural ODE of
-  `diffrax_adjoint.py` through `CheckpointedAdjoint()` and `(checkpoints=16)`, and
-  the 100-step `Tsit5` solve of `small_solves.py`;
-- the M-row loop forced on, the cost the default spares its cheap steps;
-- a step of growing work, forced on: `v <- tanh(W v + row i - 1)` with a (w, w)
-  matrix, writing row i of a (256, w) buffer and reading row i - 1, w = 64 to 1024,
-  where the default's threshold (`_buffer_checks.CHECKED_WORK`) is chosen.
+The workloads: `regression.py`'s buffer gradient, an M-step loop writing one row of
+an (M, 256) buffer per step (M = 256 and 4096), whose step is a few operations; and
+steps of growing work, `v <- tanh(W v + row i - 1)` with a (w, w) matrix, writing
+row i of a (256, w) buffer and reading row i - 1, w = 64 to 1024. Work is
+`_cost_model.work` of the step.
 """
 
 import argparse
@@ -30,7 +24,7 @@ import time
 
 import jax
 import jax.numpy as jnp
-from regression import BUFFER_ROWS, DIFFRAX_CHECKPOINTS, make_diffrax, make_small_solve
+from regression import BUFFER_ROWS
 
 import boundedloop as bl
 from boundedloop import _cost_model
@@ -89,28 +83,20 @@ def make_matvec(width, rows=256, checkpoints=16):
 
 
 def workloads():
-    """`(label, mode, fn, args)`: `mode` is `"default"` or `"forced"`."""
+    """`(label, fn, args)`."""
     for rows in BUFFER_ROWS:
-        yield f"buffers (M={rows})", "default", *make_buffers(rows)
-    for c in DIFFRAX_CHECKPOINTS:
-        yield f"diffrax neural ODE, checkpoints={c}", "default", *make_diffrax(bl, c)
-    yield "Tsit5, 1 number, 100 steps", "default", *make_small_solve(bl)
-    for rows in BUFFER_ROWS:
-        yield f"buffers (M={rows})", "forced", *make_buffers(rows)
+        yield f"M-row buffer, M={rows} (work 4)", *make_buffers(rows)
     for width in (64, 128, 256, 512, 1024):
         fn, args, work = make_matvec(width)
-        yield f"w={width} (work {work})", "forced", fn, args
+        yield f"(w, w) matrix, w={width} (work {work})", fn, args
 
 
-def switch(mode: str):
-    """The checks as `mode` says: `"default"`, `"forced"` (on) or `"off"`."""
-    if mode == "default":
-        return contextlib.nullcontext()
-    return bl.buffer_checks(mode == "forced")
+def switch(on: bool):
+    return bl.buffer_checks(on)
 
 
-def temp_bytes(fn, args, mode: str) -> int:
-    with switch(mode):
+def temp_bytes(fn, args, on: bool) -> int:
+    with switch(on):
         return fn.lower(*args).compile().memory_analysis().temp_size_in_bytes
 
 
@@ -120,34 +106,34 @@ def main():
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     cases = []
-    for label, mode, fn, fn_args in workloads():
-        for m in (mode, "off"):
-            with switch(m):  # compile, warm up
+    for label, fn, fn_args in workloads():
+        for on in (True, False):
+            with switch(on):  # compile, warm up
                 for _ in range(3):
                     jax.block_until_ready(fn(*fn_args))
-        cases.append((label, mode, fn, fn_args))
-    times = {(c[0], c[1], m): [] for c in cases for m in (c[1], "off")}
+        cases.append((label, fn, fn_args))
+    order = [c[0] for c in cases]
+    times = {(c[0], on): [] for c in cases for on in (True, False)}
     for _ in range(args.rounds):
         random.shuffle(cases)
-        for label, mode, fn, fn_args in cases:
-            for m in random.sample((mode, "off"), 2):
-                with switch(m):
+        for label, fn, fn_args in cases:
+            for on in random.sample((True, False), 2):
+                with switch(on):
                     start = time.perf_counter()
                     jax.block_until_ready(fn(*fn_args))
-                    times[(label, mode, m)].append(time.perf_counter() - start)
+                    times[(label, on)].append(time.perf_counter() - start)
     rows = []
-    for label, mode, fn, fn_args in sorted(cases, key=lambda c: (c[1], c[0])):
-        on, off = times[(label, mode, mode)], times[(label, mode, "off")]
+    for label, fn, fn_args in sorted(cases, key=lambda c: order.index(c[0])):
+        on, off = times[(label, True)], times[(label, False)]
         q1, q2, q3 = statistics.quantiles([a / b for a, b in zip(on, off)], n=4)
         rows.append(
             {
                 "workload": label,
-                "checks": mode,
                 "on_ms": statistics.median(on) * 1e3,
                 "off_ms": statistics.median(off) * 1e3,
                 "ratio": q2,
                 "quartiles": [q1, q3],
-                "temp_bytes": [temp_bytes(fn, fn_args, m) for m in (mode, "off")],
+                "temp_bytes": [temp_bytes(fn, fn_args, on) for on in (True, False)],
             }
         )
     results = {"backend": jax.default_backend(), "rounds": args.rounds, "rows": rows}
@@ -164,16 +150,15 @@ def checks_table(results: dict | None = None) -> str:
     if results is None:
         results = json.loads(RESULTS.read_text())
     lines = [
-        "| gradient | checks | with (ms) | off (ms) | with / off, median "
-        "(quartiles) | temp memory with / off (kB) |",
-        "|---|---|---|---|---|---|",
+        "| gradient | checked (ms) | unchecked (ms) | checked / unchecked, median "
+        "(quartiles) | temp memory checked / unchecked (kB) |",
+        "|---|---|---|---|---|",
     ]
     for row in results["rows"]:
         q1, q3 = row["quartiles"]
         on, off = (b / 1e3 for b in row["temp_bytes"])
         lines.append(
-            f"| {row['workload']} | {row['checks']} | {row['on_ms']:.3f} | "
-            f"{row['off_ms']:.3f} | "
+            f"| {row['workload']} | {row['on_ms']:.3f} | {row['off_ms']:.3f} | "
             f"{row['ratio']:.3f} ({q1:.3f} to {q3:.3f}) | {on:.1f} / {off:.1f} |"
         )
     lines.append("")

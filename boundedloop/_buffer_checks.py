@@ -1,22 +1,20 @@
-"""The buffer checks at run time: each location written at most once, and no read
-whose gradient would see a later write.
+"""The buffer checks at run time (inside `bl.buffer_checks()`): each location
+written at most once, and no read whose gradient would see a later write.
 
-On by default (`bl.buffer_checks(False)` turns them off), and the body is not traced
-again for them: each sweep replays a step's reads and writes (`StepOut.reads` and
-`.writes`, in the order `Layout.sites` records) against a mask per buffer, updated
-in place, and the first violation is raised once after the loop, attached to what
-the loop returns. Nothing in the loop waits for the host.
+Breaking the rules leaves a loop's values as a `jnp` array's would be (a buffer is
+written in place, in order), so only the gradient can be wrong, and the checks run
+in the reverse sweep, without tracing the body again. The sweep keeps one bool per
+buffer element, the locations that the steps already reversed wrote, updated in
+place, and replays each reversed step's writes and reads against it
+(`BufferUpdates`, in the order `Layout.sites` records):
 
-- The forward sweep, by default (`WriteCounts`): how often each location was
-  written, saturating at 2. A location written twice is found after the loop,
-  without its step.
-- The forward sweep inside `bl.buffer_checks()` (`CheckState`): which locations
-  are written, checked at every write and read (no read of an unwritten
-  location), keeping the first violation's step and index.
-- The reverse sweep (`ReverseCheck`): which locations the steps already reversed
-  wrote. A read whose cotangent is nonzero at such a location read the value from
-  before a later write, but the backward pass reads the buffer as the loop left it:
-  its gradient would be wrong.
+- a write there: the location was written twice;
+- a read whose cotangent is nonzero there: it read the value from before a later
+  write, but the backward pass reads the buffer as the loop left it.
+
+The first violation in the loop's order (the last found) is raised once after the
+sweep, attached to what it returns, naming the buffer, step, index and line.
+Nothing in the loop waits for the host.
 """
 
 import dataclasses
@@ -25,16 +23,14 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
-from . import _cost_model
 from ._buffers import buffer_names
 from ._checks import raise_if
 from ._indexing import describe_index, get, overlay, put
 
 
 class Found(eqx.Module):
-    """The first violation found: 1 + its `Layout.sites` entry, negated for a read
-    that the backward pass would get wrong (0: none); its step; the integers of
-    its index."""
+    """The first violation found: 1 + its `Layout.sites` entry (0: none), its step
+    and the integers of its index."""
 
     site: Int[Array, ""]
     step: Int[Array, ""]
@@ -47,30 +43,18 @@ class Found(eqx.Module):
         zero = jnp.array(0, jnp.int32)
         return cls(zero, zero, jnp.zeros(rank, jnp.int32))
 
-    def first(self, broken, code: int, step, index, earlier=True) -> "Found":
-        """This, or the violation `code` at `step` and `index` where `broken` and
-        none was found before; or, unless `earlier` (the steps are visited last to
-        first), wherever `broken`."""
-        first = jnp.logical_and(broken, self.site == 0) if earlier else broken
+    def record(self, broken, code: int, step, index) -> "Found":
+        """This, or the violation `code` at `step` and `index` where `broken`: the
+        steps are visited last to first, so what is kept is the first in the
+        loop's order."""
         here = jnp.zeros_like(self.ints)
         if index.ints:
             here = here.at[: len(index.ints)].set(jnp.stack(index.ints))
         return Found(
-            jnp.where(first, code, self.site),
-            jnp.where(first, step, self.step),
-            jnp.where(first, here, self.ints),
+            jnp.where(broken, code, self.site),
+            jnp.where(broken, step, self.step),
+            jnp.where(broken, here, self.ints),
         )
-
-
-# a step of at least this much work (`_cost_model.work`) has its loop's buffers
-# checked by default: the measured cost is under 5% of the gradient there
-# (`benchmarks/results/buffer_checks.json`)
-CHECKED_WORK = 2**20
-
-
-def worth_checking(body) -> bool:
-    """Whether the default checks the buffers of a loop with this traced body."""
-    return _cost_model.work(body.jaxpr) >= CHECKED_WORK
 
 
 def _after(old, live, found: Found):
@@ -143,10 +127,10 @@ def reverse_check(check: ReverseCheck, step, updates, i, layout) -> ReverseCheck
         n, s = sites["read", k]
         matters = jnp.logical_and(written_later(s, index, s.version), d != 0)
         broken = jnp.logical_and(live, jnp.any(matters))
-        found = found.first(broken, -(n + 1), i, index, earlier=False)
+        found = found.record(broken, n + 1, i, index)
     for n, s, index, live in writes:
         again = jnp.any(written_later(s, index, s.version + 1))
-        found = found.first(jnp.logical_and(live, again), -(n + 1), i, index, False)
+        found = found.record(jnp.logical_and(live, again), n + 1, i, index)
     for _, w, index, live in writes:
         old = get(later[w.leaf], index)
         later[w.leaf] = put(later[w.leaf], index, _after(old, live, found))
@@ -164,45 +148,28 @@ class BufferViolation:
     shapes: tuple  # per buffer, its shape
 
     def format(self, site, step, ints) -> str:
-        s = self.sites[abs(int(site)) - 1]
+        s = self.sites[int(site) - 1]
         index = describe_index(s.pattern, [int(i) for i in ints], self.shapes[s.leaf])
-        buffer = self.buffers[s.leaf]
-        if int(site) < 0 and s.kind == "write":
+        at = f"the buffer {self.buffers[s.leaf]} at {index} at step {int(step)}"
+        if s.kind == "write":
             what = (
-                f"wrote the buffer {buffer} at {index} at step {int(step)} (counting "
-                "from 0) of the loop, and wrote that location again later (at a "
-                "later step, or later in that one): a location already written. "
-                "Each location of a buffer may be written at most once in a loop; "
-                "the backward pass reads the buffer as the loop left it, so the "
-                "gradient would be wrong"
-            )
-        elif int(site) < 0:
-            what = (
-                f"read the buffer {buffer} at {index} at step {int(step)} (counting "
-                "from 0) of the loop, and the value read matters, but the loop "
-                "wrote that location only later (at a later step, or later in that "
-                "one). The gradient would be wrong: the backward pass reads the "
-                "buffer as the loop left it, so it would see the later value. Read "
-                "only locations already written (or never written in the loop), or "
-                "keep the values from before the loop in an ordinary carry leaf"
-            )
-        elif s.kind == "write":
-            what = (
-                f"wrote the buffer {buffer} at {index}, a location already written, at step "
-                f"{int(step)} (counting from 0) of the loop. Each location of a "
-                "buffer may be written at most once in a loop"
+                f"wrote {at} (counting from 0), and wrote that location again later "
+                "(at a later step, or later in that one): a location already "
+                "written. Each location of a buffer may be written at most once in "
+                "a loop"
             )
         else:
             what = (
-                f"read the buffer {buffer} at {index}, a location not yet written, at step "
-                f"{int(step)} (counting from 0) of the loop. Only written locations "
-                "of a buffer may be read: a buffer starts unwritten, whatever it "
-                "holds (values from before the loop belong in an ordinary carry "
-                "leaf, not a buffer)"
+                f"read {at} (counting from 0), and the value read matters, but the "
+                "loop wrote that location only later (at a later step, or later in "
+                "that one). Read only locations already written, or never written "
+                "in the loop; values from before the loop that the loop overwrites "
+                "belong in an ordinary carry leaf"
             )
         return (
-            f"`{self.loop}`: `body_fun` at {s.where} {what}. (Checked by default; "
-            "`with bl.buffer_checks(False):` turns the check off.)"
+            f"`{self.loop}`: `body_fun` at {s.where} {what}. The backward pass reads "
+            "the buffer as the loop left it, so the gradient would be wrong. "
+            "(Checked inside `bl.buffer_checks()`.)"
         )
 
     def summary(self) -> str:
@@ -216,7 +183,7 @@ class BufferViolation:
 
 def raise_violations(name: str, layout, bufs, state, tree):
     """`tree`, with the checks' error attached: raised if a step broke a rule.
-    `state`: a `CheckState`, a `ReverseCheck` or `None` (nothing checked)."""
+    `state`: a `ReverseCheck`, or `None` (nothing checked)."""
     if state is None:
         return tree
     found = state.found

@@ -1,12 +1,12 @@
-"""Runtime checks, and the trace-time settings that switch them on and off.
+"""Opt-in runtime checks, and the trace-time settings that switch them on.
 
-Each switch is a `with` block read when a loop is traced. Off, a check leaves the
-compiled program exactly as it would be without it.
+Each switch is a `with` block read when a loop is traced. Off (the default), a check
+leaves the compiled program exactly as it would be without it.
 
-- `buffer_checks`: the buffer rules (each location written at most once, only
-  written locations read), checked in the forward pass (`_buffer_checks`). On by
-  default.
-- `max_steps_check` (off by default): a loop must not stop because it ran out of steps. The loop
+- `buffer_checks`: the buffer rules (each location written at most once, no read
+  whose gradient would see a later write), checked in the reverse sweep
+  (`_buffer_checks`).
+- `max_steps_check`: a loop must not stop because it ran out of steps. The loop
   stopped because of `max_steps` exactly when the predicate still holds on the final
   carry, so the check evaluates the predicate once more, on the final carry, and
   attaches an error to it (`raise_if`): one predicate evaluation, nothing inside
@@ -57,37 +57,39 @@ from ._shard_map import vary
 
 # switches in the jit cache key and trace context: a function traced with a check
 # on is traced again with it off, so entering the block before or after the first
-# call makes no difference. The buffer checks' default, `None`, is on where a check
-# can run (see `can_raise_here`); `True` asks for them everywhere.
-_buffer_checks = jax.make_user_context(default_value=None)
+# call makes no difference
+_buffer_checks = jax.make_user_context(default_value=False)
 
 
 @contextlib.contextmanager
 def buffer_checks(enabled: bool = True):
-    """Switch the run-time buffer checks of loops traced inside this block on or off.
+    """Check the buffer rules of loops traced inside this block, at run time.
 
-    On by default: the forward pass of every loop with buffers keeps one bool per
-    buffer element (which locations have been written) and, after the loop, raises a
-    runtime error (through `eqx.error_if`) if a step wrote a location a second time,
-    or read a location that had not been written. The error names the buffer (its
-    place in the carry), the step, the index and the line of `body_fun`.
+    Breaking the rules (each location written at most once; only written locations
+    read) leaves a loop's values as a `jnp` array's would be, but makes its
+    gradient wrong, so the checks run in the gradient's reverse sweep: a location
+    written twice, and a read whose value matters (its cotangent is nonzero) of a
+    location the loop wrote only later, raise a runtime error (through
+    `eqx.error_if`) after the loop, naming the buffer (its place in the carry),
+    the step, the index and the line of `body_fun`. A read whose value does not
+    matter (dropped by `jnp.where`, multiplied by zero) passes.
+
+    Off by default: they cost one bool per buffer element and a few operations per
+    reversed read and write, measured at 4% to 19% of a gradient whose step is
+    small (`benchmarks/results/buffer_checks.json`). What can be decided while
+    tracing is an error at trace time whatever this says: a write whose result is
+    dropped, a write to a version of a buffer that was already written, a static
+    location written twice in one step or at every step, and a static index out
+    of range.
 
     ```python
-    with bl.buffer_checks(False):   # off: no mask, nothing checked
-        out = jax.jit(f)(x)         # f calls bl.while_loop(..., buffers=...)
+    with bl.buffer_checks():
+        grads = bl.filter_jit(jax.grad(loss))(x)   # loss calls bl.while_loop(...)
     ```
-
-    What can be decided while tracing is an error at trace time whatever this says:
-    a write whose result is dropped, a write to a version of a buffer that was
-    already written, a location written twice in one step at a static index, and a
-    static index out of range.
 
     The switch is part of JAX's cache key, so it may be entered after a first call.
     `bl.scan` (and `bl.fori_loop`) turn it off for everything in their body, inner
-    loops included; enter `with bl.buffer_checks():` inside the body to check those.
-    Inside `jax.shard_map`, where a check must be raised on every device at once,
-    the default skips the loops that cannot be checked there (see the scaling-out
-    guide); `bl.buffer_checks()` (on) makes them an error instead.
+    loops included; enter the block inside the body to check those.
 
     **Arguments:**
 
@@ -97,32 +99,8 @@ def buffer_checks(enabled: bool = True):
         yield
 
 
-def buffer_checks_mode() -> str:
-    """`"on"` inside `bl.buffer_checks()`, `"off"` inside `bl.buffer_checks(False)`,
-    and by default `"auto"`: on for loops whose steps are heavy enough that the
-    checks cost little (`_buffer_checks.worth_checking`)."""
-    return {None: "auto", True: "on", False: "off"}[_buffer_checks.value]
-
-
-@contextlib.contextmanager
-def client_buffer_checks():
-    """Around a loop an Equinox-style client (diffrax, optimistix) hands us: its
-    buffers are the library's own, written under Equinox's rule (which lets a
-    location be read unwritten where its value does not matter), so the default
-    checks are off there; `bl.buffer_checks()` still checks them."""
-    value = _buffer_checks.value
-    with _buffer_checks(False if value is None else value):
-        yield
-
-
-def can_raise_here() -> bool:
-    """Whether a check traced now can be raised: not where `_same_on_every_device`
-    would refuse it (so the default checks skip those loops)."""
-    axes = _manual_axes()
-    if not axes or _buffer_checks.value is True:
-        return True
-    auto = set(jax.sharding.get_abstract_mesh().axis_names) - set(axes)
-    return not auto and not getattr(_tracing, "depth", 0)
+def buffer_checks_enabled() -> bool:
+    return _buffer_checks.value
 
 
 _max_steps_checks = jax.make_user_context(default_value=False)

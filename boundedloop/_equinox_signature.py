@@ -2,7 +2,7 @@
 diffrax and optimistix hand their solves."""
 
 from ._buffers import clamped_writes
-from ._checks import client_buffer_checks
+from ._checks import buffer_checks
 from ._while_loop import while_loop
 
 
@@ -17,16 +17,14 @@ def equinox_style_while_loop(
       for `bl.while_loop`.
     - the rest (equinox's `kind`, `base`): ignored; the loop is always ours.
 
-    The client's buffers are its own, written under Equinox's rule (which lets a
-    location be read before it is written where the value read does not matter, as
-    diffrax's Runge-Kutta stages do), so the default buffer checks are off here;
-    `bl.buffer_checks()` still checks them. An out-of-range write index is clamped
-    into range, as Equinox's buffers do (diffrax's results rely on it), where
-    `bl.while_loop`'s own drop the write, as `jnp` does.
+    The client's buffers follow Equinox's rules, not ours: an out-of-range write
+    index is clamped into range, as Equinox's buffers do (diffrax's results rely on
+    it: its saves of every step write the last row again), where `bl.while_loop`'s
+    own drop the write, as `jnp` does; and `bl.buffer_checks` does not check them.
 
     **Returns:** the final value of the loop.
     """
-    with client_buffer_checks(), clamped_writes():
+    with clamped_writes(), buffer_checks(False):
         return while_loop(
             cond_fun,
             body_fun,

@@ -4,7 +4,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ._autodiff import differentiable_loop
-from ._buffer_checks import worth_checking
 from ._buffers import (
     buffer_names,
     check_every_step_writes,
@@ -13,8 +12,7 @@ from ._buffers import (
     return_buffers,
 )
 from ._checks import (
-    buffer_checks_mode,
-    can_raise_here,
+    buffer_checks_enabled,
     check_stopped,
     max_steps_check_mode,
     tracing_a_loop,
@@ -180,7 +178,7 @@ def run_loop(
             loop.layout,
             known_length,
             stop_check=name if check == "raise" else None,
-            buffer_check=name if _checks_buffers(loop) else None,
+            buffer_check=name if loop.bufs and buffer_checks_enabled() else None,
         )
         x, bufs = differentiable_loop(loop, config)
     if check == "warn":  # after the loop, outside its sweeps: once per forward pass
@@ -191,11 +189,3 @@ def run_loop(
     # the predicate on the final carry: still true only if the loop ran out of steps
     still_going = None if max_steps is None else loop.cond(x, bufs)
     return out.carry, loop_stats(out.steps, still_going, max_steps)
-
-
-def _checks_buffers(loop) -> bool:
-    """Whether the loop's buffer rules are checked (in its reverse sweep)."""
-    if not loop.bufs or not can_raise_here():
-        return False
-    mode = buffer_checks_mode()
-    return mode == "on" or (mode == "auto" and worth_checking(loop.body))

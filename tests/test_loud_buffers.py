@@ -3,16 +3,17 @@ or gives what the same body gives on ordinary `jnp` arrays in an unrolled Python
 loop, computed on the host.
 
 - trace time, always: a write whose result is dropped, a write to a version of a
-  buffer already written, a static location written twice in one step, a static
-  index out of range;
-- run time, by default: a location written twice (forward), and a read whose value
-  matters at a location the loop writes only later (the gradient);
+  buffer already written, a static location written twice in one step or at every
+  step, a static index out of range;
+- run time, inside `bl.buffer_checks()`: a location written twice, and a read
+  whose value matters of a location the loop writes only later, both of which
+  leave the values right and make the gradient wrong;
 - as `jnp`: a traced index out of range drops the write; reading a version of a
   buffer from before a write sees the values from before it.
 
 The class is generated too: a body reading and writing at offsets from the step
-(runtime data, so one compiled gradient serves every example) must either raise
-exactly when the rules are broken, or match the unrolled reference.
+(runtime data, so one compiled gradient serves every example) must, checked,
+either raise exactly when the rules are broken or match the unrolled reference.
 """
 
 import re
@@ -42,21 +43,22 @@ def unrolled(body, carry, steps):
     return carry
 
 
-def twice_body(w):
-    """The issue's first case: row 0 written every step and read back."""
+def twice_body(w, index=lambda i: 0):
+    """The issue's first case: row 0 written every step and read back (or the row
+    `index(i)`, which may be traced)."""
 
     def body(c):
         x, ys, i = c
         x = jnp.tanh(w @ x) * (1 + ys[0])
-        return x, ys.at[0].set(x), i + 1
+        return x, ys.at[index(i)].set(x), i + 1
 
     return body
 
 
-def twice_loss(w):
+def twice_loss(w, index=lambda i: 0):
     out = bl.while_loop(
         lambda c: c[2] < 12,
-        twice_body(w),
+        twice_body(w, index),
         (X0, jnp.zeros((12, 3)), 0),
         max_steps=12,
         buffers=lambda c: c[1],
@@ -64,31 +66,32 @@ def twice_loss(w):
     return jnp.sum(out[0])
 
 
-def test_a_row_written_twice_is_an_error_naming_buffer_step_index_and_line():
+def test_a_row_written_at_every_step_is_an_error_at_trace_time():
+    line = twice_body.__code__.co_firstlineno + 7  # the write
+    with pytest.raises(ValueError, match="every step writes the same location") as e:
+        jax.make_jaxpr(jax.grad(twice_loss))(W)
+    assert "`carry[1]`, float32[12, 3]" in str(e.value)
+    assert re.search(rf"test_loud_buffers.py:{line} in body", str(e.value))
+
+
+def test_a_row_written_twice_is_an_error_of_the_checked_gradient():
+    def index(i):  # row 0 at steps 0 and 1 (a traced index)
+        return i // 2
+
+    loss = lambda w: twice_loss(w, index)  # noqa: E731
     # the forward is right (as `jnp`, the last write wins)...
     init = (X0, jnp.zeros((12, 3)), 0)
-    expected = on_host(lambda w: jnp.sum(unrolled(twice_body(w), init, 12)[0]))(W)
-    assert tree_allclose(bl.filter_jit(twice_loss)(W), expected)
-    # ...the gradient would not be: an error, naming the first write
-    line = twice_body.__code__.co_firstlineno + 6
-    with pytest.raises(eqx.EquinoxRuntimeError) as e:
-        jax.block_until_ready(bl.filter_jit(jax.grad(twice_loss))(W))
+    expected = on_host(lambda w: jnp.sum(unrolled(twice_body(w, index), init, 12)[0]))
+    assert tree_allclose(bl.filter_jit(loss)(W), expected(W))
+    # ...the gradient would not be: checked, an error naming the first write
+    with bl.buffer_checks():
+        with pytest.raises(eqx.EquinoxRuntimeError) as e:
+            jax.block_until_ready(bl.filter_jit(jax.grad(loss))(W))
     message = str(e.value)
     assert "`carry[1]`, float32[12, 3] at [0] at step 0 (counting from 0)" in message
     assert "wrote that location again later" in message and ALREADY in message
+    line = twice_body.__code__.co_firstlineno + 7
     assert re.search(rf"test_loud_buffers.py:{line} in body", message)
-    # checked step by step (and reads strictly), the message names the step too:
-    # here the read of row 0 before the loop first writes it
-    with bl.buffer_checks():
-        with pytest.raises(eqx.EquinoxRuntimeError) as e:
-            jax.block_until_ready(bl.filter_jit(twice_loss)(W))
-    assert (
-        "read the buffer `carry[1]`, float32[12, 3] at [0], a location not yet "
-        "written, at step 0 (counting from 0)"
-    ) in str(e.value)
-    # off: nothing checked
-    with bl.buffer_checks(False):
-        jax.block_until_ready(jax.jit(jax.grad(twice_loss))(W))
 
 
 def ahead_body(w):
@@ -103,7 +106,7 @@ def ahead_body(w):
     return body
 
 
-def ahead_loss(w, checks=True):
+def ahead_loss(w):
     out = bl.while_loop(
         lambda c: c[2] < 5,
         ahead_body(w),
@@ -114,21 +117,20 @@ def ahead_loss(w, checks=True):
     return jnp.sum(out[0]) + jnp.sum(out[1])
 
 
-def test_a_read_of_a_row_written_later_is_an_error_of_the_gradient():
+def test_a_read_of_a_row_written_later_is_an_error_of_the_checked_gradient():
     def reference(w):
         out = unrolled(ahead_body(w), (X0, jnp.zeros((6, 3)), 0), 5)
         return jnp.sum(out[0]) + jnp.sum(out[1])
 
     # the value is right (the forward reads what `jnp` would)...
     assert tree_allclose(jax.jit(ahead_loss)(W), on_host(reference)(W))
-    # ...its gradient is not, so it is an error, at the read
-    with pytest.raises(eqx.EquinoxRuntimeError, match=LATER) as e:
-        jax.block_until_ready(bl.filter_jit(jax.grad(ahead_loss))(W))
-    assert "`carry[1]`, float32[6, 3] at [1] at step 0" in str(e.value)
-    # `bl.buffer_checks()` refuses the read in the forward already
+    # ...its gradient is not, so checked it is an error, at the read
     with bl.buffer_checks():
-        with pytest.raises(eqx.EquinoxRuntimeError, match="location not yet written"):
-            jax.block_until_ready(bl.filter_jit(ahead_loss)(W))
+        with pytest.raises(eqx.EquinoxRuntimeError, match=LATER) as e:
+            jax.block_until_ready(bl.filter_jit(jax.grad(ahead_loss))(W))
+    assert "`carry[1]`, float32[6, 3] at [1] at step 0" in str(e.value)
+    # off (the default), nothing is checked
+    jax.block_until_ready(jax.jit(jax.grad(ahead_loss))(W))
 
 
 def test_reads_whose_value_does_not_matter_or_is_never_overwritten_pass():
@@ -157,7 +159,8 @@ def test_reads_whose_value_does_not_matter_or_is_never_overwritten_pass():
         out = unrolled(body, (x0, *init[1:]), 5)
         return jnp.sum(out[0] ** 2) + jnp.sum(out[1])
 
-    got = jax.jit(jax.value_and_grad(loss))(X0)
+    with bl.buffer_checks():
+        got = jax.jit(jax.value_and_grad(loss))(X0)
     assert tree_allclose(got, on_host(jax.value_and_grad(reference))(X0))
 
 
@@ -278,7 +281,7 @@ def _class_loss(run):
     return loss
 
 
-_class_ours = jax.jit(
+_class_ours = bl.filter_jit(
     jax.value_and_grad(
         _class_loss(
             lambda body, init, n: bl.while_loop(
@@ -331,13 +334,17 @@ def _broken(a1, b, a2, m1, m2, every_other, n) -> set:
     n=st.integers(0, STEPS),
 )
 def test_buffer_mistakes_raise_or_match_jnp(a1, b, a2, m1, m2, every_other, n):
-    args = (a1, b, a2, jnp.float32(m1), jnp.float32(m2), every_other)
+    # all runtime data, so that one compiled gradient serves every example
+    ints = (jnp.int32(a1), jnp.int32(b), jnp.int32(a2))
+    args = (*ints, jnp.float32(m1), jnp.float32(m2), jnp.asarray(every_other))
     broken = _broken(a1, b, a2, m1, m2, every_other, n)
-    if broken:  # JAX's runtime error (or a ValueError), for either rule broken
-        with pytest.raises(Exception, match="|".join(broken)):
-            jax.block_until_ready(_class_ours(W, n, *args))
+    if broken:  # either rule's message
+        with bl.buffer_checks():
+            with pytest.raises(eqx.EquinoxRuntimeError, match="|".join(broken)):
+                jax.block_until_ready(_class_ours(W, jnp.int32(n), *args))
         return
-    got = _class_ours(W, n, *args)
+    with bl.buffer_checks():
+        got = _class_ours(W, jnp.int32(n), *args)
     reference = _class_loss(lambda body, init, n: unrolled(body, init, n))
     expected = on_host(jax.value_and_grad(reference))(W, n, *args)
     assert tree_allclose(got, expected, rtol=1e-5, atol=1e-6)

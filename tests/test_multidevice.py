@@ -69,7 +69,7 @@ def test_unbounded_loop_inside_shard_map(results):
 
 @pytest.mark.parametrize(
     "name, cases",
-    [("max_steps_check", 7), ("buffer_checks", 3), ("shard_map_checks", 7)],
+    [("max_steps_check", 7), ("buffer_checks", 2), ("shard_map_checks", 7)],
 )
 def test_checks_raise_on_every_device(name, cases):
     """`bl.max_steps_check` and `bl.buffer_checks` firing in a sharded program raise

@@ -11,10 +11,10 @@ import boundedloop as bl
 
 
 def double_write(x):
-    """A loop that writes location 0 of its buffer twice."""
+    """A loop that writes location 0 of its buffer twice (at steps 0 and 1)."""
     return bl.while_loop(
         lambda c: c[1] < 2,
-        lambda c: (c[0].at[0].set(x), c[1] + 1),
+        lambda c: (c[0].at[c[1] // 2].set(x), c[1] + 1),
         (jnp.zeros(3), jnp.array(0)),
         max_steps=3,
         buffers=lambda c: c[0],
@@ -70,8 +70,10 @@ def test_progress_meter_is_read_when_traced():
 
 
 def run_checked(fn):
+    """The gradient of `fn`, with the buffer checks on (they check gradients)."""
     with bl.buffer_checks():
-        return jax.block_until_ready(bl.filter_jit(fn)(1.0))
+        grad = bl.filter_jit(jax.grad(lambda x: jnp.sum(fn(x))))
+        return jax.block_until_ready(grad(1.0))
 
 
 def test_buffer_checks_fire_outside_a_scan():
