@@ -15,7 +15,6 @@ row i of a (256, w) buffer and reading row i - 1, w = 64 to 1024. Work is
 """
 
 import argparse
-import contextlib
 import json
 import pathlib
 import random
@@ -145,10 +144,12 @@ def main():
 RESULTS = pathlib.Path(__file__).parent / "results" / "buffer_checks.json"
 
 
-def checks_table(results: dict | None = None) -> str:
-    """The docs' table of `results` (by default, the committed results file)."""
-    if results is None:
-        results = json.loads(RESULTS.read_text())
+def checks_table(results: dict | str | None = None) -> str:
+    """The docs' table of `results`: a dict, or the committed results file of a
+    backend (`"tpu"`: `results/buffer_checks_tpu.json`; `None`: this machine's)."""
+    if not isinstance(results, dict):
+        suffix = "" if results is None else f"_{results}"
+        results = json.loads(RESULTS.with_stem(RESULTS.stem + suffix).read_text())
     lines = [
         "| gradient | checked (ms) | unchecked (ms) | checked / unchecked, median "
         "(quartiles) | temp memory checked / unchecked (kB) |",
