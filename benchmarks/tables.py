@@ -41,6 +41,7 @@ GENERATORS = {
     "why_recomputation": made_by("recomputation", "why_recomputation_table"),
     "buffers": made_by("buffers", "buffers_table"),
     "buffer_checks": made_by("buffer_checks", "checks_table"),
+    "buffer_checks_tpu": made_by("buffer_checks", "checks_table", "tpu"),
     "why_buffers": made_by("buffers", "why_buffers_table"),
     "cheap_steps": made_by("cheap_steps", "cheap_steps_table"),
     "forward_mode": made_by("forward_mode", "forward_mode_table"),
