@@ -23,35 +23,10 @@ import time
 
 import jax
 import jax.numpy as jnp
-from regression import BUFFER_ROWS
+from regression import BUFFER_ROWS, make_buffers
 
 import boundedloop as bl
 from boundedloop import _cost_model
-
-
-def make_buffers(rows, width=256, checkpoints=16):
-    """`regression.make_buffers`' gradient."""
-
-    def loss(scale, v0):
-        def body(carry):
-            v, buf, i = carry
-            v = jnp.tanh(v * scale + 0.01)
-            return v, buf.at[i].set(v), i + 1
-
-        out = bl.while_loop(
-            lambda c: c[2] < rows,
-            body,
-            (v0, jnp.zeros((rows, width)), jnp.array(0)),
-            max_steps=rows,
-            checkpoints=checkpoints,
-            buffers=lambda c: c[1],
-        )
-        return jnp.sum(out[1] ** 2)
-
-    return jax.jit(jax.grad(loss, argnums=(0, 1))), (
-        jnp.array(1.1),
-        jnp.linspace(-1.0, 1.0, width),
-    )
 
 
 def make_matvec(width, rows=256, checkpoints=16):
@@ -84,7 +59,8 @@ def make_matvec(width, rows=256, checkpoints=16):
 def workloads():
     """`(label, fn, args)`."""
     for rows in BUFFER_ROWS:
-        yield f"M-row buffer, M={rows} (work 4)", *make_buffers(rows)
+        args = (jnp.array(1.1), jnp.linspace(-1.0, 1.0, 256))
+        yield f"M-row buffer, M={rows} (work 4)", make_buffers(bl, rows), args
     for width in (64, 128, 256, 512, 1024):
         fn, args, work = make_matvec(width)
         yield f"(w, w) matrix, w={width} (work {work})", fn, args

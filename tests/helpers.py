@@ -11,6 +11,8 @@ import jax.tree_util as jtu
 import numpy as np
 from jax import lax
 
+import boundedloop as bl
+
 
 # The float tolerances' floor on a backend other than the CPU. Tests compare ours, on
 # the default backend, with references computed on the host CPU (`on_host`), and an
@@ -324,3 +326,15 @@ def largest_array_in_loops(lowered) -> int:
     for op in module.body.operations:
         walk(op.operation, False)
     return max(sizes)
+
+
+class Halving(bl.LoopModule):
+    """A `LoopModule` that halves its carry while it is above `tol`."""
+
+    tol: float
+
+    def cond(self, carry):
+        return carry > self.tol
+
+    def body(self, carry):
+        return carry / 2

@@ -14,7 +14,7 @@ import pytest
 
 import boundedloop as bl
 
-from .helpers import on_host, primitive_names, scan_loop, tree_allclose
+from .helpers import Halving, on_host, primitive_names, scan_loop, tree_allclose
 
 
 MAX_STEPS = 6
@@ -192,16 +192,6 @@ def test_scan_and_fori_loop_never_fire():
         final, ys = bl.scan(lambda c, x: (c + x, c), jnp.array(0.0), jnp.arange(4.0))
         assert float(final) == 6.0
         assert float(bl.fori_loop(0, 3, lambda i, v: v + i, 0)) == 3
-
-
-class Halving(bl.LoopModule):
-    tol: float
-
-    def cond(self, carry):
-        return carry > self.tol
-
-    def body(self, carry):
-        return carry / 2
 
 
 def test_loop_module_run():

@@ -12,7 +12,14 @@ import pytest
 
 import boundedloop as bl
 
-from .helpers import on_host, python_while, scan_loop, tree_allclose, tree_equal
+from .helpers import (
+    Halving,
+    on_host,
+    python_while,
+    scan_loop,
+    tree_allclose,
+    tree_equal,
+)
 
 
 MAX_STEPS = 6
@@ -135,16 +142,6 @@ def test_zero_max_steps_and_unbounded():
     final, stats = loop(X, jnp.array(9), stats=True, max_steps=None)
     assert int(final[1]) == int(stats.num_steps) == 9
     assert stats.max_steps_reached.dtype == bool and not bool(stats.max_steps_reached)
-
-
-class Halving(bl.LoopModule):
-    tol: float
-
-    def cond(self, carry):
-        return carry > self.tol
-
-    def body(self, carry):
-        return carry / 2
 
 
 def test_loop_module_run():
