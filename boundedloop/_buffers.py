@@ -86,14 +86,11 @@ class StepTrace:
     write must be to the newest version, and the body must return the newest.
     """
 
-    def __init__(
-        self, arrays, dummies, active, shared=frozenset(), *, gate=None, names=None
-    ):
-        self.arrays = list(arrays)
+    def __init__(self, arrays, dummies, active, shared=frozenset(), *, gate, names):
         # per buffer, where it is in the carry (`buffer_names`), for messages
         self.names = names
         # each buffer's array at each of its versions in this step
-        self.history = [[a] for a in self.arrays]
+        self.history = [[a] for a in arrays]
         self.dummies = dummies
         self.active = active
         # an inner loop's writes to buffers lent by outer loops happen only where
@@ -111,9 +108,12 @@ class StepTrace:
         self.writes: list[Write] = []
         self.sites: list[Site] = []
 
+    @property
+    def arrays(self) -> list:
+        """Each buffer's newest array."""
+        return [versions[-1] for versions in self.history]
+
     def name(self, leaf: int) -> str:
-        if self.names is None:
-            return describe(self.arrays[leaf], leaf)
         return self.names[leaf]
 
     def latest(self, leaf: int) -> int:
@@ -143,11 +143,13 @@ class StepTrace:
                     new, hit = overlay(value, index, w.index, w.value, array.shape)
                     value = jnp.where(w.pred, new, value)
         shape = jax.ShapeDtypeStruct(value.shape, value.dtype)
-        self._site("read", leaf, version, len(self.reads), index)
+        self._site("read", leaf, version, index)
         self.reads.append((leaf, index, shape))
         return value
 
-    def _site(self, kind, leaf, version, number, index, every_step=False):
+    def _site(self, kind, leaf, version, index, *, every_step=False):
+        """Record a read, write or hand-over, about to be appended to its list."""
+        number = {"read": len(self.reads), "write": len(self.writes)}.get(kind, 0)
         where = user_line()
         site = Site(kind, leaf, version, number, index.pattern, where, every_step)
         self.sites.append(site)
@@ -181,7 +183,7 @@ class StepTrace:
     def write(self, leaf: int, version: int, index: Index, value, pred):
         self._here(leaf, "written")
         self._newest(leaf, version, "written")
-        array = self.arrays[leaf]
+        array = self.history[leaf][-1]
         value = jnp.broadcast_to(jnp.asarray(value), index.result_shape())
         value = value.astype(array.dtype)
         unconditional = pred is None
@@ -200,16 +202,15 @@ class StepTrace:
         if unconditional:
             self._check_not_written_here(leaf, index)
         every_step = unconditional and index.static_ints is not None
-        self._site("write", leaf, version, len(self.writes), index, every_step)
+        self._site("write", leaf, version, index, every_step=every_step)
         self.writes.append(Write(leaf, index, value, pred, version, unconditional))
         live = jnp.logical_and(pred, self.active)
-        self.arrays[leaf] = put(array, index, value, live)
-        self.history[leaf].append(self.arrays[leaf])
+        self.history[leaf].append(put(array, index, value, live))
 
     def _check_not_written_here(self, leaf: int, index: Index):
         """A second unconditional write to a static location in one step breaks the
         write-once rule whenever the step runs: an error now."""
-        shape = self.arrays[leaf].shape
+        shape = self.history[leaf][-1].shape
         mine = _static_cells(index, shape)
         if mine is None:
             return
@@ -230,8 +231,7 @@ class StepTrace:
         self._here(leaf, "handed to an inner loop")
         self._newest(leaf, version, "handed to an inner loop")
         self.shared.add(leaf)
-        self._site("hand", leaf, version, 0, make_index(..., array.shape))
-        self.arrays[leaf] = array
+        self._site("hand", leaf, version, make_index(..., array.shape))
         self.history[leaf].append(array)
 
 
@@ -392,13 +392,6 @@ def buffer_names(layout, bufs) -> tuple[str, ...]:
     return tuple(
         f"`carry{paths[k]}`, {jnp.dtype(b.dtype).name}{list(b.shape)}"
         for k, b in zip(layout.buffer_pos, bufs)
-    )
-
-
-def describe(array, leaf: int) -> str:
-    return (
-        f"buffer #{leaf}, {jnp.dtype(array.dtype).name}{list(array.shape)}; a loop's "
-        "buffers are numbered from 0 in the order of the carry's leaves"
     )
 
 
