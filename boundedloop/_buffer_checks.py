@@ -75,7 +75,7 @@ class ReverseCheck(eqx.Module):
     found: Found
 
 
-def reverse_initial(step, bufs, layout, name: str | None):
+def reverse_initial(step, bufs, name: str | None):
     """The reverse check's initial state, or `None` where it has nothing to check:
     the loop (named `name`) is not checked, or no buffer is differentiated."""
     if name is None or not any(step.sparse):
@@ -84,10 +84,10 @@ def reverse_initial(step, bufs, layout, name: str | None):
         jnp.zeros(b.shape, bool) if sparse else None
         for b, sparse in zip(bufs, step.sparse)
     )
-    return ReverseCheck(later, Found.none(layout))
+    return ReverseCheck(later, Found.none(step.layout))
 
 
-def reverse_check(check: ReverseCheck, step, updates, i, layout) -> ReverseCheck:
+def reverse_check(check: ReverseCheck, step, updates, i) -> ReverseCheck:
     """`check` after reversing step `i`, whose `BufferUpdates` are `updates`.
 
     Both rules matter to the gradient only, and both are checked against the
@@ -100,6 +100,7 @@ def reverse_check(check: ReverseCheck, step, updates, i, layout) -> ReverseCheck
         value does not matter (multiplied by zero, or dropped by `jnp.where`) has
         a zero cotangent there and passes.
     """
+    layout = step.layout
     sites = {(s.kind, s.number): (n, s) for n, s in enumerate(layout.sites)}
     write_numbers = [
         n for n, leaf in enumerate(layout.write_leaves) if step.sparse[leaf]

@@ -52,7 +52,7 @@ class ReverseState(NamedTuple):
     ct: Any  # the cotangent of `x_end`
     ct_bufs: tuple  # the buffers' cotangents
     ct_body: Any  # the accumulated cotangent of the body's arrays
-    check: Any  # the buffer reads' check (`_buffer_checks.ReverseCheck`), or None
+    check: Any  # `bl.buffer_checks`' state (`_buffer_checks.ReverseCheck`), or None
 
 
 def carried(sw: Sweep, ct):
@@ -114,7 +114,7 @@ def reverse_step(sw: Sweep, state: ReverseState, i, x) -> ReverseState:
     ct = carried(sw, ct)
     check = state.check
     if check is not None:
-        check = _buffer_checks.reverse_check(check, sw.step, updates, i, sw.step.layout)
+        check = _buffer_checks.reverse_check(check, sw.step, updates, i)
     return state._replace(
         end=state.end - 1, ct=ct, ct_bufs=ct_bufs, ct_body=ct_body, check=check
     )
@@ -213,9 +213,7 @@ def reverse_sweep(
         carried(sweep, ct_final),
         ct_bufs,
         step.zero_ct_body(),
-        _buffer_checks.reverse_initial(
-            step, tape.bufs, step.layout, config.buffer_check
-        ),
+        _buffer_checks.reverse_initial(step, tape.bufs, config.buffer_check),
     )
     reverse = reverse_stored if sweep.every_step_stored else reverse_segment
     reverse = functools.partial(reverse, sweep)
