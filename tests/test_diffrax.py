@@ -67,12 +67,23 @@ def _grad(adjoint, saveat, solver, max_steps=64):
 
 
 # every `SaveAt` with an explicit solver at crossing checkpoint counts, and an
-# implicit solver (its root finds are loops of their own) at two
+# implicit solver (its root finds are loops of their own) at two. In CI each `SaveAt`
+# once, the checkpoint counts in turn (every count at least once), and the implicit
+# solver once; the rest of the grid is slow (`python -m pytest -m slow`)
+QUICK = {"steps": None, "t0_t1_ts": 2, "t1": 64, "ts": None}
 CASES = [
-    (saveat, diffrax.Tsit5(), checkpoints)
+    pytest.param(
+        saveat,
+        diffrax.Tsit5(),
+        checkpoints,
+        marks=() if QUICK[saveat] == checkpoints else pytest.mark.slow,
+    )
     for saveat in sorted(SAVEATS)
     for checkpoints in [None, 2, 64]
-] + [("t1", diffrax.Kvaerno5(), None), ("ts", diffrax.Kvaerno5(), 3)]
+] + [
+    pytest.param("t1", diffrax.Kvaerno5(), None, marks=pytest.mark.slow),
+    ("ts", diffrax.Kvaerno5(), 3),
+]
 
 
 @pytest.mark.parametrize("saveat, solver, checkpoints", CASES)

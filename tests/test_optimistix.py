@@ -187,11 +187,21 @@ def test_throw():
             jax.block_until_ready(_grad("bfgs", adjoint, max_steps=5, throw=True)(A))
 
 
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param("bfgs", marks=pytest.mark.slow), "gauss_newton", "fixed_point"],
-)
-@pytest.mark.parametrize("batched", ["args", "y0", "both"])
+QUICK_VMAP = {("gauss_newton", "args"), ("fixed_point", "both")}
+# each solver kind once in CI, batched in `args` or in both; the rest of the grid
+# is slow (`python -m pytest -m slow`)
+VMAP_CASES = [
+    pytest.param(
+        name,
+        batched,
+        marks=() if (name, batched) in QUICK_VMAP else pytest.mark.slow,
+    )
+    for name in ["bfgs", "gauss_newton", "fixed_point"]
+    for batched in ["args", "y0", "both"]
+]
+
+
+@pytest.mark.parametrize("name, batched", VMAP_CASES)
 def test_vmap(name, batched):
     # against the same transforms of `RecursiveCheckpointAdjoint`: batched linear
     # algebra rounds differently from one element at a time (1e-4 for BFGS)
