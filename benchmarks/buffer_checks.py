@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from regression import BUFFER_ROWS, make_buffers
 
 import boundedloop as bl
-from boundedloop import _cost_model
+from boundedloop._sweeps import _cost_model
 
 
 def make_matvec(width, rows=256, checkpoints=16):

@@ -32,7 +32,7 @@ from _common import clear_caches
 from _format import load, page, table
 
 import boundedloop as bl
-from boundedloop import _cost_model, _reverse_sweep
+from boundedloop._sweeps import _cost_model, _reverse_sweep
 
 
 IS_CHEAP, RECOMPUTE = _cost_model.is_cheap, _reverse_sweep.recompute

@@ -44,7 +44,7 @@ from jax import lax
 from small_solves import solve
 
 import boundedloop as bl
-from boundedloop import _cost_model
+from boundedloop._sweeps import _cost_model
 
 
 SIZES = [  # (batch, width, n)

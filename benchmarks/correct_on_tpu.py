@@ -9,7 +9,7 @@ without `buffers=`, and once with the guard off), each against the same transfor
 the loop unrolled in Python (no loop for XLA to simplify) on the host CPU backend: the
 largest absolute error.
 
-`cost`: ours with the guard (`boundedloop._shard_map.HIDE_COUNTERS`) on and off:
+`cost`: ours with the guard (`boundedloop._runtime._shard_map.HIDE_COUNTERS`) on and off:
 forward and gradient time per call (interleaved medians after warm-up, one process),
 XLA compile seconds (alternating, several repetitions) and compiled temp bytes.
 
@@ -34,7 +34,7 @@ from _format import load, nbytes, page, seconds, table
 from jax import lax
 
 import boundedloop as bl
-from boundedloop import _shard_map
+from boundedloop._runtime import _shard_map
 
 
 ROWS, STEPS = 6, 4

@@ -24,7 +24,7 @@ import numpy as np
 from _common import euler_step, temp_bytes
 
 import boundedloop as bl
-from boundedloop._schedule import (
+from boundedloop._sweeps._schedule import (
     gradient_body_evaluations,
     offline_placement,
     placement_cost,

@@ -17,7 +17,7 @@ Each ratio is the extra body evaluations of one gradient with `max_steps=None`
 
 import numpy as np
 
-from boundedloop._schedule import (
+from boundedloop._sweeps._schedule import (
     offline_placement,
     online_stores,
     optimal_placement_costs,

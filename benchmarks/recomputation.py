@@ -21,7 +21,10 @@ from _common import EvalCounter
 from _format import index, load, page, table
 
 import boundedloop as bl
-from boundedloop._schedule import gradient_body_evaluations, optimal_placement_costs
+from boundedloop._sweeps._schedule import (
+    gradient_body_evaluations,
+    optimal_placement_costs,
+)
 
 
 def count(kind, n, c):

@@ -42,8 +42,12 @@ def programs() -> dict:
     import optimistix as optx
 
     import boundedloop as bl
-    from boundedloop import _cost_model
     from boundedloop.diffrax import CheckpointedAdjoint
+
+    try:
+        from boundedloop._sweeps import _cost_model
+    except ImportError:  # a tree from before the layers' subpackages (0c4fd6b)
+        from boundedloop import _cost_model
 
     if os.environ.get("SAME_PROGRAMS_OFF_CPU"):
         # as `runs_in_order` (and, in trees that have its `backend`, `is_cheap`)

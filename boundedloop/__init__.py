@@ -9,13 +9,16 @@ from equinox import (
     filter_vmap as filter_vmap,
 )
 
-from ._buffers import Buffer as Buffer
-from ._checks import buffer_checks as buffer_checks, max_steps_check as max_steps_check
-from ._module import Loop as Loop, LoopModule as LoopModule
-from ._progress import progress_meter as progress_meter
-from ._scan import fori_loop as fori_loop, scan as scan
-from ._stats import LoopStats as LoopStats
-from ._while_loop import while_loop as while_loop
+from ._api._module import Loop as Loop, LoopModule as LoopModule
+from ._api._scan import fori_loop as fori_loop, scan as scan
+from ._api._stats import LoopStats as LoopStats
+from ._api._while_loop import while_loop as while_loop
+from ._runtime._checks import (
+    buffer_checks as buffer_checks,
+    max_steps_check as max_steps_check,
+)
+from ._runtime._progress import progress_meter as progress_meter
+from ._tracing._buffers import Buffer as Buffer
 
 
 try:

@@ -22,8 +22,11 @@ import jax
 import jax.tree_util as jtu
 from diffrax._solver import runge_kutta as _runge_kutta
 
-from ._equinox_signature import equinox_default_checkpoints, equinox_style_while_loop
-from ._errors import check_checkpoints
+from ._api._arguments import check_checkpoints
+from ._api._equinox_signature import (
+    equinox_default_checkpoints,
+    equinox_style_while_loop,
+)
 
 
 __all__ = ["CheckpointedAdjoint"]

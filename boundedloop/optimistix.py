@@ -17,8 +17,11 @@ Differentiates through the solver's iterations, as
 
 import optimistix as optx
 
-from ._equinox_signature import equinox_default_checkpoints, equinox_style_while_loop
-from ._errors import check_checkpoints
+from ._api._arguments import check_checkpoints
+from ._api._equinox_signature import (
+    equinox_default_checkpoints,
+    equinox_style_while_loop,
+)
 
 
 __all__ = ["CheckpointedAdjoint"]

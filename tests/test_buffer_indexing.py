@@ -9,7 +9,7 @@ import pytest
 from jax import lax
 
 import boundedloop as bl
-from boundedloop import _cost_model
+from boundedloop._sweeps import _cost_model
 
 from .helpers import copies_in_while_bodies, on_host, tree_allclose
 

@@ -16,7 +16,7 @@ from .helpers import on_host, rounding_spread, tree_allclose
 diffrax = pytest.importorskip("diffrax")
 lx = pytest.importorskip("lineax")
 
-from boundedloop._equinox_signature import equinox_default_checkpoints  # noqa: E402
+from boundedloop._api._equinox_signature import equinox_default_checkpoints  # noqa: E402
 from boundedloop.diffrax import CheckpointedAdjoint  # noqa: E402
 
 

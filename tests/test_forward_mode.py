@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import pytest
 
 import boundedloop as bl
-from boundedloop._schedule import gradient_body_evaluations
+from boundedloop._sweeps._schedule import gradient_body_evaluations
 
 from .helpers import Counter, on_host, scan_loop, tree_allclose
 

@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from boundedloop import _jax_private as private
-from boundedloop._closure import closure_convert, with_inputs_added
-from boundedloop._jvp_primitive import loop_jvp_p
-from boundedloop._tangent_primitive import loop_tangent_p
+from boundedloop._autodiff._jvp_primitive import loop_jvp_p
+from boundedloop._autodiff._tangent_primitive import loop_tangent_p
+from boundedloop._runtime import _jax_private as private
+from boundedloop._tracing._closure import closure_convert, with_inputs_added
 
 
 F32 = jax.core.ShapedArray((3,), jnp.float32)
@@ -95,7 +95,7 @@ def test_a_buffer_reaching_a_jax_operation_raises_our_error():
 def test_higher_order_primitives_hold_the_jaxprs_we_retype():
     """`_closure.RETYPE` rebuilds these primitives' jaxpr parameters, by these names,
     when the loop replays a body inside `shard_map` (`test_shard_map_body_runs`)."""
-    from boundedloop._closure import RETYPE
+    from boundedloop._tracing._closure import RETYPE
 
     w = jnp.ones((3, 3))
 

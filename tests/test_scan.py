@@ -7,7 +7,7 @@ import pytest
 from jax import lax
 
 import boundedloop as bl
-from boundedloop._schedule import (
+from boundedloop._sweeps._schedule import (
     gradient_body_evaluations,
     offline_placement,
     optimal_placement_costs,

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from boundedloop._schedule import (
+from boundedloop._sweeps._schedule import (
     forward_placement,
     gradient_body_evaluations,
     offline_placement,

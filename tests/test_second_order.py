@@ -12,7 +12,7 @@ import pytest
 from jax import lax
 
 import boundedloop as bl
-from boundedloop._schedule import gradient_body_evaluations
+from boundedloop._sweeps._schedule import gradient_body_evaluations
 
 from .helpers import Counter, on_host, scan_loop, tree_allclose
 

@@ -11,13 +11,18 @@ import pytest
 from jax import lax
 
 import boundedloop as bl
-from boundedloop import _cost_model, _store_rules
-from boundedloop._checked_store import CheckedStore
-from boundedloop._cost_model import IN_ORDER_BYTES, IN_ORDER_STEPS
-from boundedloop._jvp_primitive import custom_jvp_spec, loop_jvp, Passes, Primal
-from boundedloop._leaves import fill
-from boundedloop._recompute import split_rule
-from boundedloop._schedule import (
+from boundedloop._autodiff._jvp_primitive import (
+    custom_jvp_spec,
+    loop_jvp,
+    Passes,
+    Primal,
+)
+from boundedloop._runtime._checked_store import CheckedStore
+from boundedloop._runtime._leaves import fill
+from boundedloop._sweeps import _cost_model, _store_rules
+from boundedloop._sweeps._cost_model import IN_ORDER_BYTES, IN_ORDER_STEPS
+from boundedloop._sweeps._recompute import split_rule
+from boundedloop._sweeps._schedule import (
     _merge_choice,
     BAND_CAP,
     forward_placement,
@@ -29,8 +34,8 @@ from boundedloop._schedule import (
     revolve_split,
     targets,
 )
-from boundedloop._store_rules import OnlineRule, TABLE_STEPS
-from boundedloop._trace import trace_loop
+from boundedloop._sweeps._store_rules import OnlineRule, TABLE_STEPS
+from boundedloop._tracing._trace import trace_loop
 
 from .helpers import Counter, largest_array_in_loops, on_host, tree_allclose
 

@@ -10,8 +10,8 @@ import pytest
 from jax import lax
 
 import boundedloop as bl
-from boundedloop import _cost_model
-from boundedloop._schedule import (
+from boundedloop._sweeps import _cost_model
+from boundedloop._sweeps._schedule import (
     gradient_body_evaluations,
     offline_placement,
     placement_cost,
@@ -397,7 +397,7 @@ def test_scalar_leaves_are_stored_packed_and_loaded_exactly():
     dtype into one array, so that a store writes one array per dtype; loading gives
     every leaf back with its dtype and shape. Floating scalars keep arrays of their
     own, so that each keeps its own tangent under forward over reverse."""
-    from boundedloop import _checkpoint_store
+    from boundedloop._sweeps import _checkpoint_store
 
     carry = (X0, jnp.float32(0.5), jnp.float32(0.25), jnp.int32(3), jnp.array(True))
     carry = carry + (jnp.ones((1, 2)), jnp.float32(-1.5), jnp.int32(-4), jnp.uint8(2))
@@ -550,7 +550,7 @@ def test_typed_prng_keys_in_the_carry(buffers):
 def test_typed_keys_are_stored_unpacked():
     """Checkpoint storage keeps each typed key leaf in its own stacked array (an
     extended dtype cannot be packed with others) and loads it back exactly."""
-    from boundedloop import _checkpoint_store
+    from boundedloop._sweeps import _checkpoint_store
 
     keys = jax.random.split(jax.random.key(3), 2)
     carry = (keys[0], jnp.int32(5), keys[1], jnp.int32(-2), keys)

@@ -1,8 +1,8 @@
 """`bl.while_loop` under `equinox.internal.while_loop`'s signature, the loop that
 diffrax and optimistix hand their solves."""
 
-from ._buffers import clamped_writes
-from ._checks import buffer_checks
+from .._runtime._checks import buffer_checks
+from .._tracing._buffers import clamped_writes
 from ._while_loop import while_loop
 
 

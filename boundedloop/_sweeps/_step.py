@@ -8,10 +8,10 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
-from ._batching import select_if_batched
-from ._indexing import get, put
-from ._perturbation import Perturbed, unread_leaves
-from ._trace import Layout, StepIn
+from .._runtime._batching import select_if_batched
+from .._tracing._indexing import get, put
+from .._tracing._perturbation import Perturbed, unread_leaves
+from .._tracing._trace import Layout, StepIn
 
 
 def advance(body, layout: Layout, x, bufs, active):

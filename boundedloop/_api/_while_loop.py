@@ -3,23 +3,23 @@
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ._autodiff import differentiable_loop
-from ._buffers import (
+from .._autodiff._differentiable_loop import differentiable_loop
+from .._runtime._checks import (
+    buffer_checks_enabled,
+    check_stopped,
+    max_steps_check_mode,
+    tracing_a_loop,
+)
+from .._tracing._buffers import (
     buffer_names,
     check_every_step_writes,
     lend_buffers,
     lent_gate,
     return_buffers,
 )
-from ._checks import (
-    buffer_checks_enabled,
-    check_stopped,
-    max_steps_check_mode,
-    tracing_a_loop,
-)
-from ._errors import check_checkpoints, check_max_steps
+from .._tracing._trace import LoopConfig, trace_loop
+from ._arguments import check_checkpoints, check_max_steps
 from ._stats import count_steps, loop_stats, LoopStats
-from ._trace import LoopConfig, trace_loop
 
 
 Carry = TypeVar("Carry")

@@ -10,18 +10,18 @@ import equinox as eqx
 import jax
 import jax.tree_util as jtu
 
-from ._checks import check_stopped
-from ._forward_sweeps import plain_sweep
+from .._runtime._checks import check_stopped
+from .._runtime._leaves import fill, pick
+from .._runtime._shard_map import vary_everywhere
+from .._sweeps._forward_sweeps import plain_sweep
+from .._sweeps._reverse_sweep import reverse_sweep
+from .._sweeps._step import ReversibleStep
+from .._tracing._perturbation import seeded_tangents
+from .._tracing._trace import LoopConfig, TracedLoop
 from ._jvp_primitive import custom_jvp_spec, Passes, Primal, Spec
-from ._leaves import fill, pick
 from ._loop_parts import LoopParts, Residuals
-from ._perturbation import seeded_tangents
-from ._reverse_sweep import reverse_sweep
 from ._second_order import ReverseOverAnything
-from ._shard_map import vary_everywhere
-from ._step import ReversibleStep
 from ._tangent_primitive import loop_tangent, replay_tangent
-from ._trace import LoopConfig, TracedLoop
 
 
 class LoopJVP:

@@ -32,13 +32,13 @@ none. Arrays the predicate closes over get none (it is piecewise constant).
 import equinox as eqx
 import jax.tree_util as jtu
 
-from ._forward_sweeps import plain_sweep
+from .._runtime._leaves import fill
+from .._runtime._shard_map import vary_everywhere
+from .._sweeps._forward_sweeps import plain_sweep
+from .._tracing._perturbation import has_tangent, Perturbed, perturbed_leaves
+from .._tracing._trace import LoopConfig, TracedLoop
 from ._jvp_primitive import loop_jvp
-from ._leaves import fill
 from ._loop_jvp import LoopJVP
-from ._perturbation import has_tangent, Perturbed, perturbed_leaves
-from ._shard_map import vary_everywhere
-from ._trace import LoopConfig, TracedLoop
 
 
 @eqx.filter_custom_jvp

@@ -18,14 +18,15 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
-from . import _checkpoint_store, _cost_model, _progress
-from ._batching import any_across_batch, select_if_batched
+from .._runtime import _progress
+from .._runtime._batching import any_across_batch, select_if_batched
+from .._runtime._checks import check_stopped
+from .._runtime._shard_map import varying_while_loop
+from .._tracing._trace import LoopConfig, TracedLoop
+from . import _checkpoint_store, _cost_model
 from ._checkpoint_store import CheckpointStore
-from ._checks import check_stopped
-from ._shard_map import varying_while_loop
 from ._step import advance
 from ._store_rules import store_rule
-from ._trace import LoopConfig, TracedLoop
 
 
 def _within(step, max_steps):

@@ -29,12 +29,12 @@ import jax.extend.core
 import jax.numpy as jnp
 from jax.interpreters import ad, batching, mlir
 
-from ._batching import sum_unbatched
-from ._dtypes import is_inexact
-from ._forward_sweeps import replay_sweep
-from ._leaves import fill, jvp_at
-from ._perturbation import seeded_tangents
-from ._shard_map import sum_over_devices, vary_everywhere
+from .._runtime._batching import sum_unbatched
+from .._runtime._leaves import fill, jvp_at
+from .._runtime._shard_map import sum_over_devices, vary_everywhere
+from .._sweeps._forward_sweeps import replay_sweep
+from .._tracing._dtypes import is_inexact
+from .._tracing._perturbation import seeded_tangents
 
 
 loop_tangent_p = jax.extend.core.Primitive("boundedloop_loop_tangent")

@@ -321,7 +321,8 @@ def warn_if(tree, flag, msg: str):
 def _caller_level() -> int:
     """The `stacklevel` that attributes a warning issued by this function's caller to
     the first frame outside this package: the user's call of the loop."""
-    package = os.path.dirname(__file__) + os.sep
+    # the package's folder (this module is in one of its layers' subfolders)
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
     frame, level = sys._getframe(1), 1
     while frame is not None and frame.f_code.co_filename.startswith(package):
         frame, level = frame.f_back, level + 1

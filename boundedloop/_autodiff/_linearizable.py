@@ -12,10 +12,10 @@ from collections.abc import Callable
 import jax
 from jax.custom_derivatives import SymbolicZero
 
-from ._dtypes import is_inexact
-from ._jax_private import closed_jaxpr, jvp_jaxpr
+from .._runtime._jax_private import closed_jaxpr, jvp_jaxpr
+from .._runtime._leaves import fill, jvp_at
+from .._tracing._dtypes import is_inexact
 from ._jvp_primitive import custom_jvp_spec, loop_jvp, Passes, Primal
-from ._leaves import fill, jvp_at
 from ._tangent_primitive import outputs_and_tangent
 
 

@@ -14,11 +14,11 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from ._buffers import lend_buffers, return_buffers
-from ._checks import buffer_checks, tracing_a_loop
-from ._closure import closure_convert
-from ._dtypes import is_weak, promote_weak_inputs, strong, weak
-from ._trace import is_carried, is_carried_shape
+from .._runtime._checks import buffer_checks, tracing_a_loop
+from .._tracing._buffers import lend_buffers, return_buffers
+from .._tracing._closure import closure_convert
+from .._tracing._dtypes import is_weak, promote_weak_inputs, strong, weak
+from .._tracing._trace import is_carried, is_carried_shape
 from ._while_loop import run_loop
 
 

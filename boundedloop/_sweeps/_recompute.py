@@ -23,13 +23,13 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, Int
 
+from .._runtime._batching import select_if_batched
+from .._runtime._shard_map import varying_while_loop
+from .._tracing._trace import LoopConfig
 from . import _checkpoint_store, _cost_model
-from ._batching import select_if_batched
 from ._checkpoint_store import CheckpointStore
 from ._schedule import binomial_table
-from ._shard_map import varying_while_loop
 from ._step import ReversibleStep
-from ._trace import LoopConfig
 
 
 SPLIT_SLOTS = 256

@@ -23,9 +23,9 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
-from ._buffers import buffer_names
-from ._checks import raise_if
-from ._indexing import describe_index, get, overlay, put
+from .._runtime._checks import raise_if
+from .._tracing._buffers import buffer_names
+from .._tracing._indexing import describe_index, get, overlay, put
 
 
 class Found(eqx.Module):

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._jax_private import weakly_typed
+from .._runtime._jax_private import weakly_typed
 
 
 def is_inexact(x) -> bool:

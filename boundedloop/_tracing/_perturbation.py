@@ -21,9 +21,9 @@ import jax.extend.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
+from .._runtime._jax_private import convert_constvars_jaxpr, dce_jaxpr, jvp_jaxpr
 from ._closure import ClosureConverted
 from ._dtypes import is_inexact
-from ._jax_private import convert_constvars_jaxpr, dce_jaxpr, jvp_jaxpr
 from ._trace import Layout
 
 

@@ -16,7 +16,7 @@ import jax.tree_util as jtu
 from jax import lax
 from jaxtyping import Array, Int
 
-from ._dtypes import is_extended, is_inexact
+from .._tracing._dtypes import is_extended, is_inexact
 
 
 UNUSED = jnp.iinfo(jnp.int32).max  # position of a slot that holds nothing

@@ -17,6 +17,8 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
+from .._runtime._checked_store import CheckedStore
+from .._runtime._jax_private import current_trace, new_input
 from ._buffers import (
     Buffer,
     buffer_names,
@@ -24,11 +26,9 @@ from ._buffers import (
     find_buffers,
     StepTrace,
 )
-from ._checked_store import CheckedStore
+from ._carry_checks import check_carry_match, check_predicate
 from ._closure import closure_convert, with_inputs_added
 from ._dtypes import is_weak, promote_weak_inputs, strong, weak
-from ._errors import check_carry_match, check_predicate
-from ._jax_private import current_trace, new_input
 
 
 def is_carried(x) -> bool:

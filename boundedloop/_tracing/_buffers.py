@@ -26,8 +26,11 @@ import jax.extend.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
+from .._runtime._jax_private import (
+    pytype_aval_mappings,
+    register_canonicalize_value_handler,
+)
 from ._indexing import get, Index, make_index, overlay, put, SUPPORTED
-from ._jax_private import pytype_aval_mappings, register_canonicalize_value_handler
 
 
 @jax.custom_jvp
@@ -306,7 +309,8 @@ def _static_cells(index: Index, shape) -> set | None:
     return set(itertools.product(*axes))
 
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
+# the package's folder (this module is in one of its layers' subfolders)
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _LIBRARIES = tuple(
     os.path.dirname(os.path.abspath(m.__file__)) for m in (jax, eqx, contextlib)
 )

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jaxtyping import Array, Bool, Int
 
-from ._errors import check_carry_match
+from .._tracing._carry_checks import check_carry_match
 
 
 class LoopStats(eqx.Module):

@@ -11,9 +11,9 @@ import equinox as eqx
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
-from ._perturbation import Perturbed
-from ._shard_map import vary_everywhere
-from ._trace import LoopConfig, TracedLoop
+from .._runtime._shard_map import vary_everywhere
+from .._tracing._perturbation import Perturbed
+from .._tracing._trace import LoopConfig, TracedLoop
 
 
 @dataclasses.dataclass(frozen=True)

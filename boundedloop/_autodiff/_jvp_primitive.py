@@ -33,9 +33,8 @@ import jax.numpy as jnp
 from jax.dtypes import float0
 from jax.interpreters import ad, batching, mlir
 
-from ._batching import sum_unbatched
-from ._dtypes import is_inexact
-from ._jax_private import (
+from .._runtime._batching import sum_unbatched
+from .._runtime._jax_private import (
     batch_jaxpr,
     closed_call_p,
     closed_jaxpr,
@@ -46,7 +45,8 @@ from ._jax_private import (
     set_current_trace,
     Tracer,
 )
-from ._leaves import fill, jvp_at, zero_ct
+from .._runtime._leaves import fill, jvp_at, zero_ct
+from .._tracing._dtypes import is_inexact
 from ._tangent_primitive import outputs_and_tangent
 
 

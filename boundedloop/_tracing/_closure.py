@@ -21,7 +21,7 @@ import jax.extend.linear_util as lu
 import jax.extend.source_info_util as source_info_util
 import jax.tree_util as jtu
 
-from ._shard_map import vary, vary_as_stepped, vary_everywhere, varying_axes
+from .._runtime._shard_map import vary, vary_as_stepped, vary_everywhere, varying_axes
 
 
 class ClosureConverted(eqx.Module):

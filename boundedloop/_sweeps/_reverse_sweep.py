@@ -35,13 +35,14 @@ import jax.tree_util as jtu
 from jax import lax
 from jaxtyping import Array, Int
 
-from . import _buffer_checks, _checkpoint_store, _cost_model, _progress
-from ._batching import select_if_batched
+from .._runtime import _progress
+from .._runtime._batching import select_if_batched
+from .._runtime._shard_map import varying_while_loop
+from .._tracing._trace import LoopConfig
+from . import _buffer_checks, _checkpoint_store, _cost_model
 from ._checkpoint_store import CheckpointStore
 from ._recompute import initial_stack, make_sweep, recompute, Stack, Sweep
-from ._shard_map import varying_while_loop
 from ._step import ReversibleStep
-from ._trace import LoopConfig
 
 
 class ReverseState(NamedTuple):

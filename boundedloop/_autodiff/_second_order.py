@@ -19,9 +19,8 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
-from ._checked_store import CheckedStore
-from ._forward_sweeps import checkpointed_sweep
-from ._leaves import (
+from .._runtime._checked_store import CheckedStore
+from .._runtime._leaves import (
     add,
     everywhere,
     fill,
@@ -30,12 +29,13 @@ from ._leaves import (
     spread,
     zero_ct,
 )
+from .._sweeps._forward_sweeps import checkpointed_sweep
+from .._sweeps._reverse_sweep import reverse_sweep
+from .._sweeps._step import ReversibleStep
+from .._tracing._perturbation import Perturbed, perturbed_leaves
+from .._tracing._trace import LoopConfig, TracedLoop
 from ._linearizable import linearizable
 from ._loop_parts import LoopParts, Residuals
-from ._perturbation import Perturbed, perturbed_leaves
-from ._reverse_sweep import reverse_sweep
-from ._step import ReversibleStep
-from ._trace import LoopConfig, TracedLoop
 
 
 def _rerun(loop_fn, loop: TracedLoop, config: LoopConfig):
