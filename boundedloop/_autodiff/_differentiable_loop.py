@@ -17,7 +17,7 @@ transform requires. The rooms, by what a reader is looking for:
 - `jax.hessian`, `jvp` of `grad` (forward over reverse): forward mode through the
   checkpointed and reverse sweeps, which `lax.while_loop` supports.
 - `grad` of `grad`, `grad` of `jvp`, penalties (reverse over anything):
-  `_second_order.py`. The sweeps sit behind `linearizable` (`_linearizable.py`): one
+  `_second_order.py`. The sweeps sit behind `_second_order.linearizable`: one
   pass when evaluated, and, when linearized, a `loop_tangent` whose transpose is a
   forward-over-reverse product, so no loop is ever reversed twice.
 - `vmap` of any of these: `loop_jvp_p`'s and `loop_tangent_p`'s batching rules.

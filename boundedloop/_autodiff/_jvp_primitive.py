@@ -19,9 +19,9 @@ is (`_out_batched`). The JVP of the primitive (forward over forward) is the prim
 again, on the JVPs of both; linearized (reverse over forward), its tangent is a
 `loop_tangent` whose transpose is `Passes.reverse_of_jvp`.
 
-`linearizable(fn, two_pass, effects)` puts any of the loop's sweeps behind the same
-dispatch (one pass evaluated, two linearized), which is how they stay
-differentiable under a second reverse pass (see `_autodiff`).
+`_second_order.linearizable(fn, transpose, effects)` puts any of the loop's sweeps
+behind the same dispatch (one pass evaluated, two linearized), which is how they
+stay differentiable under a second reverse pass.
 """
 
 from collections.abc import Callable

@@ -11,8 +11,8 @@ linear in `tangents` and carries Python functions as parameters:
 - `vjp_fn(residuals, cts) -> cts_in`: its transpose. For the loop's own tangent that
   is the checkpointed reverse sweep: `jax.grad` never runs the tangent loop; it
   linearizes (the tangent stays symbolic) and transposes, which calls `vjp_fn` on the
-  checkpoints the primal pass saved as residuals. `_autodiff` binds the primitive
-  for the second-order passes too, with other pairs.
+  checkpoints the primal pass saved as residuals. `outputs_and_tangent` binds the
+  primitive for the second-order passes too (`_second_order`), with other pairs.
 - `hvp_fn(residuals, tangents, cts) -> cts of residuals`, optional: the transpose of
   the tangent's derivative through its residuals (`grad` of a linearized loop),
   a forward-over-reverse product. Without it that derivative is forward mode only,
