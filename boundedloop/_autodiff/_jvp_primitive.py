@@ -93,6 +93,15 @@ class Spec(NamedTuple):
     out_avals: tuple
     effects: frozenset
 
+    def __repr__(self) -> str:
+        # as a jaxpr prints the primitive's parameter: what it computes, not the
+        # functions' addresses
+        owner = getattr(self.passes.one_pass, "__qualname__", "?").rsplit(".", 1)[0]
+        return (
+            f"Spec({owner}, primals={self.n_primals}, outputs={self.n_outputs}, "
+            f"tangents={len(self.out_avals) - self.n_outputs})"
+        )
+
 
 def custom_jvp_spec(
     passes: Passes,

@@ -1,7 +1,9 @@
-"""The loop's JVP in the forms `_jvp_primitive.Passes` asks for: one pass (forward mode),
-and two (the checkpointed sweep now, the tangent as a `loop_tangent` over its tape,
-which reverse mode transposes into the reverse sweep). The passes that make these
-differentiable once more in reverse mode are `_second_order`'s.
+"""The loop under autodiff: `differentiable_loop`, the loop behind a custom JVP (see
+the `_autodiff` package for where each transform lands), and its JVP in the forms
+`_jvp_primitive.Passes` asks for (`LoopJVP`): one pass (forward mode), and two (the
+checkpointed sweep now, the tangent as a `loop_tangent` over its tape, which reverse
+mode transposes into the reverse sweep). The passes that make these differentiable
+once more in reverse mode are `_second_order`'s.
 """
 
 import dataclasses
@@ -13,15 +15,50 @@ import jax.tree_util as jtu
 from .._runtime._checks import check_stopped
 from .._runtime._leaves import fill, pick
 from .._runtime._shard_map import vary_everywhere
-from .._sweeps._forward_sweeps import plain_sweep
+from .._sweeps._forward_sweeps import plain_sweep, replay_sweep
 from .._sweeps._reverse_sweep import reverse_sweep
 from .._sweeps._step import ReversibleStep
-from .._tracing._perturbation import seeded_tangents
+from .._tracing._perturbation import (
+    has_tangent,
+    Perturbed,
+    perturbed_leaves,
+    seeded_tangents,
+)
 from .._tracing._trace import LoopConfig, TracedLoop
-from ._jvp_primitive import custom_jvp_spec, Passes, Primal, Spec
+from ._jvp_primitive import custom_jvp_spec, loop_jvp, Passes, Primal, Spec
 from ._loop_parts import LoopParts, Residuals
 from ._second_order import ReverseOverAnything
-from ._tangent_primitive import loop_tangent, replay_tangent
+from ._tangent_primitive import loop_tangent
+
+
+def replay_tangent(primals, wanted, perturbed, t_in, layout):
+    """The loop's forward-mode tangent: the JVP of `replay_sweep`.
+
+    **Arguments:**
+
+    - `primals`: `(body, x, tape)`, the traced body, the initial carry and the
+        checkpointed sweep's `CheckpointStore`.
+    - `wanted`: bools shaped like `(body, x, bufs)`: which leaves have tangents.
+    - `perturbed`: the carry's perturbed leaves (`perturbed_leaves`).
+    - `t_in`: those tangents, flat.
+    - `layout`: the carry's `Layout`.
+
+    **Returns:**
+
+    The tangent of the final `(x, bufs)`.
+    """
+    body, x, tape = primals
+    # the final buffers stand in for the initial ones: every value the loop reads
+    # is written before and never changes (each location is written once)
+    varying, fixed, t_varying = seeded_tangents(
+        (body, x, tape.bufs), wanted, perturbed, t_in
+    )
+
+    def replay(varying):
+        body, x, bufs = vary_everywhere(eqx.combine(varying, fixed))
+        return replay_sweep(body, layout, x, bufs, tape)
+
+    return jax.jvp(replay, (varying,), (t_varying,))[1]
 
 
 class LoopJVP:
@@ -145,3 +182,37 @@ class LoopJVP:
             t_avals=self.out_avals[n_outputs:],
             effects=self.parts.effects,
         )
+
+
+@eqx.filter_custom_jvp
+def differentiable_loop(loop: TracedLoop, config: LoopConfig):
+    """Run the loop; see `bl.while_loop`. Returns the final `(x, bufs)`."""
+    # inside `shard_map`, everything varies across devices from here on
+    return plain_sweep(vary_everywhere(loop), config)
+
+
+@differentiable_loop.def_jvp
+def _differentiable_loop_jvp(primals, tangents):
+    loop, config = primals
+    loop = vary_everywhere(loop)
+    # which of (body, init, bufs)'s leaves have a tangent, and those tangents
+    t_diff = tangents[0].differentiable()
+    wanted = jtu.tree_map(lambda _, t: t is not None, loop.differentiable(), t_diff)
+    t_in = jtu.tree_leaves(t_diff)
+    if not t_in:  # only the predicate's arrays are perturbed
+        out = plain_sweep(loop, config)
+        return out, jtu.tree_map(lambda _: None, out)
+    t_body, t_init, t_bufs = t_diff
+    perturbed = perturbed_leaves(
+        loop.body,
+        has_tangent(t_body),
+        Perturbed(tuple(has_tangent(t_init)), tuple(has_tangent(t_bufs))),
+        config.layout,
+    )
+    # only perturbed leaves get tangents (see `_perturbation`)
+    jvp = LoopJVP(loop, config, wanted, perturbed, differentiable_loop)
+    parts = jvp.parts
+    results = loop_jvp(parts.leaves, t_in, jvp.spec())
+    out = jtu.tree_unflatten(parts.out_def, results[: parts.out_def.num_leaves])
+    t_out = results[parts.out_def.num_leaves :]
+    return out, jtu.tree_unflatten(parts.out_def, fill(parts.out_perturbed, t_out))

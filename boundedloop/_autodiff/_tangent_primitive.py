@@ -1,9 +1,9 @@
 """The loop's tangent as a linear primitive whose transpose is written by hand. Its
 rules are named after it and registered together at the end.
 
-`replay_tangent` is the tangent itself: the JVP of `replay_sweep`, which takes the
-steps the checkpointed sweep took again. `loop_tangent(residuals, tangents, ...)` is
-linear in `tangents` and carries Python functions as parameters:
+The loop's own tangent is `_loop_jvp.replay_tangent`: the JVP of `replay_sweep`, which
+takes the steps the checkpointed sweep took again. `loop_tangent(residuals, tangents,
+...)` is linear in `tangents` and carries Python functions as parameters:
 
 - `jvp_fn(residuals, tangents) -> out`: the tangent. It is the primitive's
   implementation and lowering, so applying a `jax.linearize`d loop runs it (`jax.jvp`
@@ -23,7 +23,6 @@ again on the tangents of its linear inputs, plus its derivative through the
 residuals (`_residual_tangent`).
 """
 
-import equinox as eqx
 import jax
 import jax.extend.core
 import jax.numpy as jnp
@@ -32,13 +31,33 @@ from jax.interpreters import ad, batching, mlir
 from .._runtime._batching import sum_unbatched
 from .._runtime._leaves import fill, jvp_at
 from .._runtime._shard_map import sum_over_devices, vary_everywhere
-from .._sweeps._forward_sweeps import replay_sweep
 from .._tracing._dtypes import is_inexact
-from .._tracing._perturbation import seeded_tangents
 
 
 loop_tangent_p = jax.extend.core.Primitive("boundedloop_loop_tangent")
 loop_tangent_p.multiple_results = True
+
+
+class Named:
+    """A function as the primitive's parameter: called as itself, printed by its
+    name (a jaxpr shows `jvp_fn=LoopJVP.staged.jvp_fn`, not an address), and equal
+    only to itself, as the function is."""
+
+    def __init__(self, fn, name: str | None = None):
+        self.fn = fn
+        qualname = getattr(fn, "__qualname__", "a function")
+        self.name = name or qualname.replace("<locals>.", "")
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def named(fn, name: str | None = None):
+    """`fn` as a `Named` parameter (`None` and a `Named` as they are)."""
+    return fn if fn is None or isinstance(fn, Named) else Named(fn, name)
 
 
 def _loop_tangent_impl(*args, n_res, jvp_fn, vjp_fn, hvp_fn, out_avals, loop_effects):
@@ -109,9 +128,9 @@ def _loop_tangent_batch(
     out = loop_tangent_p.bind(
         *args,
         n_res=n_res,
-        jvp_fn=batched_jvp,
-        vjp_fn=batched_vjp,
-        hvp_fn=batched_hvp,
+        jvp_fn=named(batched_jvp, f"vmap({jvp_fn!r})"),
+        vjp_fn=named(batched_vjp, f"vmap({vjp_fn!r})"),
+        hvp_fn=named(batched_hvp, f"vmap({hvp_fn!r})"),
         out_avals=out_avals,
         loop_effects=loop_effects,
     )
@@ -174,42 +193,12 @@ def _residual_tangent(residuals, linear, floating, float_d, of_floats, params):
         *linear,
         *float_d,
         n_res=n_res + len(linear),
-        jvp_fn=jvp_fn,
-        vjp_fn=vjp_fn,
+        jvp_fn=named(jvp_fn),
+        vjp_fn=named(vjp_fn),
         hvp_fn=None,
         out_avals=params["out_avals"],
         loop_effects=params["loop_effects"],
     )
-
-
-def replay_tangent(primals, wanted, perturbed, t_in, layout):
-    """The loop's forward-mode tangent: the JVP of `replay_sweep`.
-
-    **Arguments:**
-
-    - `primals`: `(body, x, tape)`, the traced body, the initial carry and the
-        checkpointed sweep's `CheckpointStore`.
-    - `wanted`: bools shaped like `(body, x, bufs)`: which leaves have tangents.
-    - `perturbed`: the carry's perturbed leaves (`perturbed_leaves`).
-    - `t_in`: those tangents, flat.
-    - `layout`: the carry's `Layout`.
-
-    **Returns:**
-
-    The tangent of the final `(x, bufs)`.
-    """
-    body, x, tape = primals
-    # the final buffers stand in for the initial ones: every value the loop reads
-    # is written before and never changes (each location is written once)
-    varying, fixed, t_varying = seeded_tangents(
-        (body, x, tape.bufs), wanted, perturbed, t_in
-    )
-
-    def replay(varying):
-        body, x, bufs = vary_everywhere(eqx.combine(varying, fixed))
-        return replay_sweep(body, layout, x, bufs, tape)
-
-    return jax.jvp(replay, (varying,), (t_varying,))[1]
 
 
 def loop_tangent(
@@ -238,9 +227,9 @@ def loop_tangent(
         *residuals,
         *tangents,
         n_res=len(residuals),
-        jvp_fn=jvp_fn,
-        vjp_fn=vjp_fn,
-        hvp_fn=hvp_fn,
+        jvp_fn=named(jvp_fn),
+        vjp_fn=named(vjp_fn),
+        hvp_fn=named(hvp_fn),
         out_avals=tuple(out_avals),
         loop_effects=loop_effects,
     )
@@ -316,8 +305,8 @@ def outputs_and_tangent(
     t_out = loop_tangent(
         primals + (outs if keep_outputs else []),
         list(tangents),
-        jvp_fn=jvp_fn,
-        vjp_fn=vjp_fn,
+        jvp_fn=named(jvp_fn),
+        vjp_fn=named(vjp_fn),
         out_avals=tuple(
             jax.typeof(o).to_tangent_aval() for o, f in zip(outs, with_tangent) if f
         ),

@@ -35,18 +35,8 @@ SMALL_BODY = 64
 # dot counting its multiply-adds): its steps cost per operation, as the control does
 LIGHT_WORK = 16
 # but not one whose step does at least this much work in all, however few its
-# equations. On a CPU the nested loops save a roughly fixed time per step: without
-# them the gradient takes 1.5 times as long at a `work` of 2**11 a step, 1.09 at
-# 2**17, 1.01 to 1.04 at 2**18 and 2**19, and no longer at 2**20 and 2**23 (0.97,
-# 1.01), where each loop is only one more for XLA to compile
-# (`benchmarks/results/cheap_threshold.txt`). On a TPU they save time at every work
-# measured (without them 1.49 to 1.59 times as long up to 2**25, 1.04 to 1.36 from
-# 2**29 to 2**34; `cheap_threshold*_tpu.txt`), but their two more copies of the step
-# and three more loops cost compile: on the headline's step (2**34) 1.16 times
-# equinox's checkpointed loop's XLA compile (1.36 times its process time; medians of
-# paired ratios over 61 and 33 compiles), where the plain sweep's is 0.97 times
-# (`cheap_structure_tpu.json`). Compile on the accelerator ranks first (the gradient
-# at most equinox's), so the limit holds on every backend
+# equations: past it the nested loops' compile costs more than they save
+# (`benchmarks/results/thresholds.md`)
 HEAVY_WORK = 2**20
 
 
@@ -100,11 +90,8 @@ def is_cheap(body) -> bool:
     return total < HEAVY_WORK and (n <= SMALL_BODY or total <= LIGHT_WORK * n)
 
 
-# XLA's CPU runtime (`ThunkExecutor` in jaxlib 0.10) runs a loop body's operations
-# in order on the calling thread when none touches more than this many bytes. On a
-# 100-step Tsit5 gradient of one number, a thread hand-off per iteration made ours
-# 1.33 times RCA's time, whose loops stay under it; every array kept under it,
-# 0.68 times (`benchmarks/results/small_solves.txt`)
+# XLA's CPU runtime runs a loop body's operations in order on the calling thread
+# when none touches more than this many bytes (`benchmarks/results/thresholds.md`)
 IN_ORDER_BYTES = 512
 # the loop form of the recomputation's split is exact in int32 for segments up to
 # this long (`_recompute.split_rule`)

@@ -99,8 +99,7 @@ def reverse_step(sw: Sweep, state: ReverseState, i, x) -> ReverseState:
         # out without buffers (its operands would take memory of their own),
         # with small ones (a copy of them costs less than the conditional), and
         # when the step reads a whole buffer (its update touches all of the
-        # cotangent anyway; measured 1.18x slower with the conditional on a
-        # Runge-Kutta stage loop over a state of 200000).
+        # cotangent anyway: `benchmarks/results/thresholds.md`).
         no_updates = sw.step.no_updates(shapes, state.ct_bufs)
         ct, ct_body, updates = lax.cond(
             i == state.end - 1,
