@@ -20,11 +20,10 @@ from .._sweeps._reverse_sweep import reverse_sweep
 from .._sweeps._step import ReversibleStep
 from .._tracing._perturbation import (
     has_tangent,
-    Perturbed,
     perturbed_leaves,
     seeded_tangents,
 )
-from .._tracing._trace import LoopConfig, TracedLoop
+from .._tracing._trace import LoopConfig, Perturbed, TracedLoop
 from ._jvp_primitive import custom_jvp_spec, loop_jvp, Passes, Primal, Spec
 from ._loop_parts import LoopParts, Residuals
 from ._second_order import ReverseOverAnything

@@ -12,8 +12,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 
 from .._runtime._shard_map import vary_everywhere
-from .._tracing._perturbation import Perturbed
-from .._tracing._trace import LoopConfig, TracedLoop
+from .._tracing._trace import LoopConfig, Perturbed, TracedLoop
 
 
 @dataclasses.dataclass(frozen=True)

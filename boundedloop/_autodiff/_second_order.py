@@ -37,8 +37,8 @@ from .._sweeps._forward_sweeps import checkpointed_sweep
 from .._sweeps._reverse_sweep import reverse_sweep
 from .._sweeps._step import ReversibleStep
 from .._tracing._dtypes import is_inexact
-from .._tracing._perturbation import Perturbed, perturbed_leaves
-from .._tracing._trace import LoopConfig, TracedLoop
+from .._tracing._perturbation import perturbed_leaves
+from .._tracing._trace import LoopConfig, Perturbed, TracedLoop
 from ._jvp_primitive import custom_jvp_spec, loop_jvp, Passes, Primal
 from ._loop_parts import LoopParts, Residuals
 from ._tangent_primitive import outputs_and_tangent

@@ -9,9 +9,10 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 
 from .._runtime._batching import select_if_batched
+from .._runtime._jax_private import convert_constvars_jaxpr, dce_jaxpr
+from .._tracing._closure import ClosureConverted
 from .._tracing._indexing import get, put
-from .._tracing._perturbation import Perturbed, unread_leaves
-from .._tracing._trace import Layout, StepIn
+from .._tracing._trace import Layout, Perturbed, StepIn
 
 
 def advance(body, layout: Layout, x, bufs, active):
@@ -19,6 +20,16 @@ def advance(body, layout: Layout, x, bufs, active):
     active = jnp.asarray(active, bool)
     out = body(StepIn(x, bufs, layout.read_stand_ins(), active))
     return out.x, out.bufs
+
+
+def unread_leaves(body: ClosureConverted, n_x: int) -> tuple[bool, ...]:
+    """Per ordinary carry leaf, whether the body ignores its value (a leaf it only
+    overwrites, as a solver's scratch values): its cotangent is zero after every
+    reversed step, so the reverse sweep need not carry it."""
+    jaxpr = convert_constvars_jaxpr(body.jaxpr)
+    _, used = dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars))
+    n_consts = len(body.jaxpr.constvars)
+    return tuple(not u for u in used[n_consts : n_consts + n_x])
 
 
 class BufferUpdates(NamedTuple):

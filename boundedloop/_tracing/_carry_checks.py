@@ -6,7 +6,13 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from ._dtypes import dtype_name
+
+def dtype_name(dtype) -> str:
+    """`dtype`'s name, e.g. `float32` or `key<fry>` (an extended dtype, which NumPy
+    cannot name)."""
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+        return str(dtype)
+    return np.dtype(dtype).name
 
 
 def _describe(leaf) -> str:

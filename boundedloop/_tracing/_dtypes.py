@@ -16,7 +16,6 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from .._runtime._jax_private import weakly_typed
 
@@ -31,11 +30,6 @@ def is_extended(dtype) -> bool:
     """Whether `dtype` is one of JAX's extended dtypes (e.g. a typed PRNG key's
     `key<fry>`), which NumPy cannot interpret and which never promote."""
     return jax.dtypes.issubdtype(dtype, jax.dtypes.extended)
-
-
-def dtype_name(dtype) -> str:
-    """`dtype`'s name, e.g. `float32` or `key<fry>`."""
-    return str(dtype) if is_extended(dtype) else np.dtype(dtype).name
 
 
 def is_weak(x) -> bool:

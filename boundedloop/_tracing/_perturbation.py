@@ -14,24 +14,15 @@ Forward mode hands the answer on to `lax.while_loop`'s JVP (`seeded_tangents`), 
 that its own search ends at its first round.
 """
 
-from typing import NamedTuple
-
 import equinox as eqx
 import jax.extend.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
-from .._runtime._jax_private import convert_constvars_jaxpr, dce_jaxpr, jvp_jaxpr
+from .._runtime._jax_private import convert_constvars_jaxpr, jvp_jaxpr
 from ._closure import ClosureConverted
 from ._dtypes import is_inexact
-from ._trace import Layout
-
-
-class Perturbed(NamedTuple):
-    """Per carry leaf, whether it is perturbed."""
-
-    x: tuple[bool, ...]
-    bufs: tuple[bool, ...]
+from ._trace import Layout, Perturbed
 
 
 def perturbed_leaves(
@@ -67,16 +58,6 @@ def perturbed_leaves(
         if new_x == x and new_bufs == bufs:
             return Perturbed(tuple(x), tuple(bufs))
         x, bufs = new_x, new_bufs
-
-
-def unread_leaves(body: ClosureConverted, n_x: int) -> tuple[bool, ...]:
-    """Per ordinary carry leaf, whether the body ignores its value (a leaf it only
-    overwrites, as a solver's scratch values): its cotangent is zero after every
-    reversed step, so the reverse sweep need not carry it."""
-    jaxpr = convert_constvars_jaxpr(body.jaxpr)
-    _, used = dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars))
-    n_consts = len(body.jaxpr.constvars)
-    return tuple(not u for u in used[n_consts : n_consts + n_x])
 
 
 def has_tangent(tangents) -> list[bool]:

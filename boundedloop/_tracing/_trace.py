@@ -72,6 +72,13 @@ class StepIn(NamedTuple):
     active: Any  # scalar bool: buffer writes happen only where true
 
 
+class Perturbed(NamedTuple):
+    """Per carry leaf, whether it is perturbed."""
+
+    x: tuple[bool, ...]
+    bufs: tuple[bool, ...]
+
+
 class StepOut(NamedTuple):
     """What the traced body returns."""
 
