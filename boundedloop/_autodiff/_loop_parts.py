@@ -1,7 +1,10 @@
 """What every JVP pass of one loop reads: the loop's arrays as flat leaves and the
 rest of it, the configuration, which inputs are differentiated and which outputs
-get tangents (`LoopParts`); and what its tangent keeps of it (`Residuals`). `_loop_jvp.LoopJVP` and `_second_order.ReverseOverAnything` each
-take one `LoopParts`, so neither reads attributes the other defines."""
+get tangents (`LoopParts`, which also translates between the index spaces of the
+passes: positions among the leaves, trees shaped like `(body, init, bufs)`, and
+perturbed carry leaves); and what its tangent keeps of it (`Residuals`).
+`_loop_jvp.LoopJVP` and `_second_order.ReverseOverAnything` each take one
+`LoopParts`, so neither reads attributes the other defines."""
 
 import dataclasses
 from collections.abc import Callable
@@ -11,7 +14,9 @@ import equinox as eqx
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
+from .._runtime._leaves import pick, zero_ct
 from .._runtime._shard_map import vary_everywhere
+from .._tracing._perturbation import perturbed_leaves
 from .._tracing._trace import LoopConfig, Perturbed, TracedLoop
 
 
@@ -72,6 +77,37 @@ class LoopParts:
         """The loop with each array replaced by its position among `leaves`."""
         indices = jtu.tree_unflatten(self.treedef, range(len(self.leaves)))
         return eqx.combine(indices, self.static)
+
+    def wanted_at(self, where):
+        """Bools shaped like `(body, init, bufs)`: which of them are among the
+        `leaves` at positions `where`."""
+        loop = self.positions()
+        chosen = set(where)
+        return jtu.tree_map(lambda k: k in chosen, loop.differentiable())
+
+    def perturbed_by(self, loop: TracedLoop, wanted) -> Perturbed:
+        """The carry leaves `loop` perturbs when its `wanted` inputs are."""
+        w_body, w_init, w_bufs = wanted
+        return perturbed_leaves(
+            loop.body,
+            jtu.tree_leaves(w_body),
+            Perturbed(tuple(jtu.tree_leaves(w_init)), tuple(jtu.tree_leaves(w_bufs))),
+            self.config.layout,
+        )
+
+    def at_leaves(self, wanted, ct_in, where) -> list:
+        """Cotangents `ct_in` (shaped like `(body, init, bufs)`, `None` for zero) of
+        the `wanted` leaves, as a list aligned with `where` (zeros elsewhere)."""
+        leaves = self.leaves  # their types
+        loop = self.positions()
+        by_position = {
+            k: c
+            for k, c in zip(pick(wanted, loop.differentiable()), pick(wanted, ct_in))
+        }
+        return [
+            zero_ct(leaves[k]) if by_position.get(k) is None else by_position[k]
+            for k in where
+        ]
 
 
 class Residuals:

@@ -37,8 +37,7 @@ from .._sweeps._forward_sweeps import checkpointed_sweep
 from .._sweeps._reverse_sweep import reverse_sweep
 from .._sweeps._step import ReversibleStep
 from .._tracing._dtypes import is_inexact
-from .._tracing._perturbation import perturbed_leaves
-from .._tracing._trace import LoopConfig, Perturbed, TracedLoop
+from .._tracing._trace import LoopConfig, TracedLoop
 from ._jvp_primitive import custom_jvp_spec, loop_jvp, Passes, Primal
 from ._loop_parts import LoopParts, Residuals
 from ._tangent_primitive import outputs_and_tangent
@@ -122,13 +121,13 @@ class ReverseOverAnything:
             return swept
 
         def transpose(where, inexact):
-            wanted = self._wanted_at(where)
+            wanted = self.parts.wanted_at(where)
             reverse = self._reverse_of_tape(where, wanted)
 
             def vjp(res, cts):
                 n = len(res) - swept_def.get().num_leaves
                 loop = self.parts.loop(res[:n])
-                perturbed = self._perturbed_by(loop, wanted)
+                perturbed = self.parts.perturbed_by(loop, wanted)
                 _, tape = jtu.tree_unflatten(swept_def.get(), res[n:])
                 (ct_x, ct_bufs), ct_tape = jtu.tree_unflatten(swept_def.get(), cts)
                 # the tape's final buffers are the loop's: their cotangents add
@@ -156,7 +155,7 @@ class ReverseOverAnything:
         def first_order(loop, tape, ct_x, ct_bufs, perturbed):
             step = ReversibleStep(loop.body, config.layout, wanted[0], perturbed)
             ct_in = reverse_sweep(step, tape, ct_x, ct_bufs, config)
-            return self._at_leaves(wanted, ct_in, where)
+            return self.parts.at_leaves(wanted, ct_in, where)
 
         def reverse(loop, tape, ct_x, ct_bufs, perturbed):
             operands, rebuild = flat((loop, tape, ct_x, ct_bufs))
@@ -168,36 +167,6 @@ class ReverseOverAnything:
             return run(*operands)
 
         return reverse
-
-    def _wanted_at(self, where):
-        """Bools shaped like `(body, init, bufs)`: which of them are among the
-        `leaves` at positions `where`."""
-        loop = self.parts.positions()
-        chosen = set(where)
-        return jtu.tree_map(lambda k: k in chosen, loop.differentiable())
-
-    def _perturbed_by(self, loop: TracedLoop, wanted) -> Perturbed:
-        w_body, w_init, w_bufs = wanted
-        return perturbed_leaves(
-            loop.body,
-            jtu.tree_leaves(w_body),
-            Perturbed(tuple(jtu.tree_leaves(w_init)), tuple(jtu.tree_leaves(w_bufs))),
-            self.parts.config.layout,
-        )
-
-    def _at_leaves(self, wanted, ct_in, where) -> list:
-        """Cotangents `ct_in` (shaped like `(body, init, bufs)`, `None` for zero) of
-        the `wanted` leaves, as a list aligned with `where` (zeros elsewhere)."""
-        leaves = self.parts.leaves  # their types
-        loop = self.parts.positions()
-        by_position = {
-            k: c
-            for k, c in zip(pick(wanted, loop.differentiable()), pick(wanted, ct_in))
-        }
-        return [
-            zero_ct(leaves[k]) if by_position.get(k) is None else by_position[k]
-            for k in where
-        ]
 
     def residual_hvp(self, residuals: Residuals, res_leaves, cts, direction):
         """For the loop's outputs `F` at the residuals' `p`, output cotangents `cts`
@@ -271,7 +240,7 @@ class ReverseOverAnything:
         )
         ct_tree = jtu.tree_map(add, g_u, h_v)
         n = len(leaves)
-        ct_p = self._at_leaves(everywhere(ct_tree), ct_tree, range(n))
+        ct_p = self.parts.at_leaves(everywhere(ct_tree), ct_tree, range(n))
         ct_t = pick(self.parts.wanted, g_v)
         return ct_p, ct_t
 

@@ -203,31 +203,12 @@ class StepTrace:
         if self.gate is not None:
             pred = jnp.logical_and(pred, self.gate)
         if unconditional:
-            self._check_not_written_here(leaf, index)
+            _check_not_written_here(self, leaf, index)
         every_step = unconditional and index.static_ints is not None
         self._site("write", leaf, version, index, every_step=every_step)
         self.writes.append(Write(leaf, index, value, pred, version, unconditional))
         live = jnp.logical_and(pred, self.active)
         self.history[leaf].append(put(array, index, value, live))
-
-    def _check_not_written_here(self, leaf: int, index: Index):
-        """A second unconditional write to a static location in one step breaks the
-        write-once rule whenever the step runs: an error now."""
-        shape = self.history[leaf][-1].shape
-        mine = _static_cells(index, shape)
-        if mine is None:
-            return
-        for w, site in zip(self.writes, (s for s in self.sites if s.kind == "write")):
-            if w.leaf != leaf or not w.unconditional:
-                continue
-            theirs = _static_cells(w.index, shape)
-            if theirs is not None and mine & theirs:
-                raise ValueError(
-                    f"A `bl.Buffer` ({self.name(leaf)}) is written "
-                    f"twice in one step at {index.describe(shape)}: at {site.where}, then "
-                    f"at {user_line()}. Each location of a buffer may be written at "
-                    "most once in a loop."
-                )
 
     def hand_back(self, leaf: int, version: int, array):
         """`array` is buffer `leaf` after an inner loop wrote into it."""
@@ -236,6 +217,26 @@ class StepTrace:
         self.shared.add(leaf)
         self._site("hand", leaf, version, make_index(..., array.shape))
         self.history[leaf].append(array)
+
+
+def _check_not_written_here(trace: StepTrace, leaf: int, index: Index):
+    """A second unconditional write to a static location in one step breaks the
+    write-once rule whenever the step runs: an error now."""
+    shape = trace.history[leaf][-1].shape
+    mine = _static_cells(index, shape)
+    if mine is None:
+        return
+    for w, site in zip(trace.writes, (s for s in trace.sites if s.kind == "write")):
+        if w.leaf != leaf or not w.unconditional:
+            continue
+        theirs = _static_cells(w.index, shape)
+        if theirs is not None and mine & theirs:
+            raise ValueError(
+                f"A `bl.Buffer` ({trace.name(leaf)}) is written "
+                f"twice in one step at {index.describe(shape)}: at {site.where}, then "
+                f"at {user_line()}. Each location of a buffer may be written at "
+                "most once in a loop."
+            )
 
 
 def check_every_step_writes(layout, names, max_steps: int | None, name: str):
