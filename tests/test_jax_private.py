@@ -64,12 +64,15 @@ def test_a_weakly_typed_array_can_be_made():
 
 def test_the_primitives_rules_are_registered_where_jax_reads_them():
     """The loop's JVP runs one pass or two by its partial-evaluation rules, and
-    batches with the axis data; JAX must find each rule where it is registered."""
+    batches with the axis data; JAX must find each rule where it is registered
+    (`register_batching` writes both tables)."""
     assert loop_jvp_p in private.custom_partial_eval_rules
     assert loop_jvp_p in private.partial_eval_jaxpr_custom_rules
     assert loop_jvp_p in private.fancy_primitive_batchers
     assert private.closed_call_p in private.partial_eval_jaxpr_custom_rules
     assert loop_tangent_p.name == "boundedloop_loop_tangent"
+    # the plain rules (`register_batching` without `axis_data`) land there too
+    assert loop_tangent_p in private.fancy_primitive_batchers
 
 
 def test_a_buffer_reaching_a_jax_operation_raises_our_error():

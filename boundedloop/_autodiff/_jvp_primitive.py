@@ -39,9 +39,9 @@ from .._runtime._jax_private import (
     closed_call_p,
     closed_jaxpr,
     custom_partial_eval_rules,
-    fancy_primitive_batchers,
     mapped_aval,
     partial_eval_jaxpr_custom_rules,
+    register_batching,
     set_current_trace,
     Tracer,
 )
@@ -449,6 +449,6 @@ mlir.register_lowering(
     loop_jvp_p, mlir.lower_fun(_loop_jvp_impl, multiple_results=True)
 )
 ad.primitive_jvps[loop_jvp_p] = _loop_jvp_jvp
-fancy_primitive_batchers[loop_jvp_p] = _loop_jvp_batch
+register_batching(loop_jvp_p, _loop_jvp_batch, axis_data=True)
 custom_partial_eval_rules[loop_jvp_p] = _loop_jvp_partial_eval
 partial_eval_jaxpr_custom_rules[loop_jvp_p] = _loop_jvp_partial_eval_custom

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from jax.interpreters import ad, batching, mlir
 
 from .._runtime._batching import sum_unbatched
+from .._runtime._jax_private import register_batching
 from .._runtime._leaves import fill, jvp_at
 from .._runtime._shard_map import sum_over_devices, vary_everywhere
 from .._tracing._dtypes import is_inexact
@@ -249,7 +250,7 @@ loop_tangent_p.def_impl(_loop_tangent_impl)
 loop_tangent_p.def_effectful_abstract_eval(_loop_tangent_abstract_eval)
 ad.primitive_jvps[loop_tangent_p] = _loop_tangent_jvp
 ad.primitive_transposes[loop_tangent_p] = _loop_tangent_transpose
-batching.primitive_batchers[loop_tangent_p] = _loop_tangent_batch
+register_batching(loop_tangent_p, _loop_tangent_batch)
 mlir.register_lowering(
     loop_tangent_p, mlir.lower_fun(_loop_tangent_impl, multiple_results=True)
 )

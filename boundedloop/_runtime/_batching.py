@@ -17,6 +17,8 @@ import jax.tree_util as jtu
 import numpy as np
 from jax.interpreters import ad, batching, mlir
 
+from ._jax_private import register_batching
+
 
 any_across_batch_p = jax.extend.core.Primitive("boundedloop_any_across_batch")
 select_if_batched_p = jax.extend.core.Primitive("boundedloop_select_if_batched")
@@ -147,7 +149,7 @@ def select_if_batched(pred, on_true, on_false):
 any_across_batch_p.def_impl(_any_across_batch_impl)
 any_across_batch_p.def_abstract_eval(_any_across_batch_abstract_eval)
 ad.primitive_jvps[any_across_batch_p] = _any_across_batch_jvp
-batching.primitive_batchers[any_across_batch_p] = _any_across_batch_batch
+register_batching(any_across_batch_p, _any_across_batch_batch)
 mlir.register_lowering(
     any_across_batch_p,
     mlir.lower_fun(_any_across_batch_impl, multiple_results=False),
@@ -156,7 +158,7 @@ mlir.register_lowering(
 select_if_batched_p.def_impl(_select_if_batched_impl)
 select_if_batched_p.def_abstract_eval(_select_if_batched_abstract_eval)
 ad.primitive_jvps[select_if_batched_p] = _select_if_batched_jvp
-batching.primitive_batchers[select_if_batched_p] = _select_if_batched_batch
+register_batching(select_if_batched_p, _select_if_batched_batch)
 mlir.register_lowering(
     select_if_batched_p,
     mlir.lower_fun(_select_if_batched_impl, multiple_results=True),

@@ -48,10 +48,10 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 from jax import lax
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, mlir
 
 from ._batching import any_across_batch
-from ._jax_private import ShardingContext, SPMDAxisContext
+from ._jax_private import register_batching, ShardingContext, SPMDAxisContext
 from ._shard_map import vary
 
 
@@ -416,7 +416,7 @@ def _batch(args, dims, **params):
     return out, list(dims[1 + n :])
 
 
-batching.primitive_batchers[raise_if_p] = _batch
+register_batching(raise_if_p, _batch)
 
 
 def _fire(msg, *details):
