@@ -54,20 +54,6 @@ from jax._src.lax import lax as _lax
 custom_partial_eval_rules = _pe.custom_partial_eval_rules
 partial_eval_jaxpr_custom_rules = _pe.partial_eval_jaxpr_custom_rules
 fancy_primitive_batchers = _batching.fancy_primitive_batchers
-
-
-def register_batching(primitive, rule, *, axis_data: bool = False) -> None:
-    """`rule` as `primitive`'s batching rule, where `vmap` reads it: every
-    primitive of the package registers here. `axis_data`: the rule takes the axis
-    data first (as `loop_jvp_p`'s, to batch the primal's jaxpr); otherwise it is a
-    plain `(vals, dims, **params)` rule, which JAX's `primitive_batchers` (a shim
-    JAX marks for deletion) wraps into that table."""
-    if axis_data:
-        fancy_primitive_batchers[primitive] = rule
-    else:
-        _batching.primitive_batchers[primitive] = rule
-
-
 set_current_trace = _core.set_current_trace
 closed_call_p = _core.closed_call_p
 Tracer = _core.Tracer
@@ -87,6 +73,18 @@ register_canonicalize_value_handler = _dtypes.register_canonicalize_value_handle
 # sharding contexts
 SPMDAxisContext = _sharding_impls.SPMDAxisContext
 ShardingContext = _sharding_impls.ShardingContext
+
+
+def register_batching(primitive, rule, *, axis_data: bool = False) -> None:
+    """`rule` as `primitive`'s batching rule, where `vmap` reads it: every
+    primitive of the package registers here. `axis_data`: the rule takes the axis
+    data first (as `loop_jvp_p`'s, to batch the primal's jaxpr); otherwise it is a
+    plain `(vals, dims, **params)` rule, which JAX's `primitive_batchers` (a shim
+    JAX marks for deletion) wraps into that table."""
+    if axis_data:
+        fancy_primitive_batchers[primitive] = rule
+    else:
+        _batching.primitive_batchers[primitive] = rule
 
 
 def closed_jaxpr(fn, avals, name: str) -> ClosedJaxpr:
