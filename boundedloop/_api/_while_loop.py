@@ -175,7 +175,6 @@ def run_loop(
         config = LoopConfig(
             max_steps,
             checkpoints,
-            loop.layout,
             known_length,
             stop_check=name if check == "raise" else None,
             buffer_check=name if loop.bufs and buffer_checks_enabled() else None,

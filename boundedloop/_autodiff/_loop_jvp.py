@@ -133,7 +133,7 @@ class LoopJVP:
         def jvp_fn(res_leaves, t_in):
             body, _, x, tape = residuals.unpack(res_leaves)
             t_out = replay_tangent(
-                (body, x, tape), wanted, self.parts.perturbed, t_in, config.layout
+                (body, x, tape), wanted, self.parts.perturbed, t_in, self.parts.layout
             )
             return [t for t, f in zip(jtu.tree_leaves(t_out), out_perturbed) if f]
 
@@ -144,7 +144,9 @@ class LoopJVP:
             )
             body, _, _, tape = residuals.unpack(res_leaves)
             ct_x, ct_bufs = jtu.tree_unflatten(out_def, fill(out_perturbed, cts))
-            step = ReversibleStep(body, config.layout, wanted[0], self.parts.perturbed)
+            step = ReversibleStep(
+                body, self.parts.layout, wanted[0], self.parts.perturbed
+            )
             ct_in = reverse_sweep(step, tape, ct_x, ct_bufs, config)
             return pick(wanted, ct_in)
 
@@ -206,7 +208,7 @@ def _differentiable_loop_jvp(primals, tangents):
         loop.body,
         has_tangent(t_body),
         Perturbed(tuple(has_tangent(t_init)), tuple(has_tangent(t_bufs))),
-        config.layout,
+        loop.layout,
     )
     # only perturbed leaves get tangents (see `_perturbation`)
     jvp = LoopJVP(loop, config, wanted, perturbed, differentiable_loop)

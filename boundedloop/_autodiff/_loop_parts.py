@@ -67,6 +67,11 @@ class LoopParts:
         """Per output leaf, whether it gets a tangent."""
         return list(self.perturbed.x + self.perturbed.bufs)
 
+    @property
+    def layout(self):
+        """The carry's `Layout` (the loop's, a static part of it)."""
+        return self.static.layout
+
     def loop(self, leaves) -> TracedLoop:
         """The loop with `leaves` for its arrays."""
         # partial evaluation may hand a constant back as a Python scalar
@@ -92,7 +97,7 @@ class LoopParts:
             loop.body,
             jtu.tree_leaves(w_body),
             Perturbed(tuple(jtu.tree_leaves(w_init)), tuple(jtu.tree_leaves(w_bufs))),
-            self.config.layout,
+            self.layout,
         )
 
     def at_leaves(self, wanted, ct_in, where) -> list:

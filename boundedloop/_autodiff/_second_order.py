@@ -153,7 +153,7 @@ class ReverseOverAnything:
         config = self.parts.config
 
         def first_order(loop, tape, ct_x, ct_bufs, perturbed):
-            step = ReversibleStep(loop.body, config.layout, wanted[0], perturbed)
+            step = ReversibleStep(loop.body, loop.layout, wanted[0], perturbed)
             ct_in = reverse_sweep(step, tape, ct_x, ct_bufs, config)
             return self.parts.at_leaves(wanted, ct_in, where)
 
@@ -177,7 +177,7 @@ class ReverseOverAnything:
         body, cond, init, tape = residuals.unpack(res_leaves)
         # a leaf tracing left constant (a Python bool) is an array to the loop
         init = tuple(jnp.asarray(v) for v in init)
-        loop = TracedLoop(body, cond, init, tape.bufs, self.parts.config.layout)
+        loop = TracedLoop(body, cond, init, tape.bufs, self.parts.layout)
         out_leaves = jtu.tree_leaves((loop.init, loop.bufs))
         cts = fill(self.parts.out_perturbed, cts, lambda k: zero_ct(out_leaves[k]))
         v = jtu.tree_unflatten(

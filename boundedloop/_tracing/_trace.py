@@ -152,12 +152,11 @@ class Layout(eqx.Module):
 
 
 class LoopConfig(eqx.Module):
-    """The static description of one loop: what `bl.while_loop` was asked for,
-    and the carry's `Layout` found when tracing it."""
+    """The static description of one loop: what `bl.while_loop` was asked for.
+    (The carry's `Layout`, found when tracing it, is the `TracedLoop`'s.)"""
 
     max_steps: int | None = eqx.field(static=True)
     checkpoints: int = eqx.field(static=True)
-    layout: Layout = eqx.field(static=True)
     # the loop always takes `max_steps` steps (a scan): plan checkpoints offline
     known_length: bool = eqx.field(static=True, default=False)
     # the loop's name for `bl.max_steps_check`'s error, or None: no check
