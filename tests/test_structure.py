@@ -564,3 +564,28 @@ def test_small_loops_keep_every_array_in_order():
     checkpoint alone is past it, and the storage is packed and tabled as before."""
     assert largest_array_in_loops(_one_number_gradient(1)) <= IN_ORDER_BYTES
     assert largest_array_in_loops(_one_number_gradient(4)) > IN_ORDER_BYTES
+
+
+def test_primitive_parameters_print_by_name():
+    """A jaxpr names what the loop's primitives compute, not Python addresses:
+    `spec=Spec(LoopJVP, ...)` and `jvp_fn=LoopJVP.staged.jvp_fn`, `vmap(...)` of it
+    once batched."""
+
+    def f(x):
+        def body(carry):
+            return jnp.tanh(carry[0]), carry[1] + 1
+
+        out = bl.while_loop(lambda c: c[1] < 3, body, (x, 0), max_steps=4)
+        return jnp.sum(out[0])
+
+    x = jnp.array([0.2, -0.1])
+    texts = [
+        str(jax.make_jaxpr(lambda x: jax.jvp(f, (x,), (x,)))(x)),
+        str(jax.make_jaxpr(lambda x: jax.linearize(f, x)[1](x))(x)),
+        str(jax.make_jaxpr(jax.vmap(lambda x: jax.linearize(f, x)[1](x)))(x[None])),
+    ]
+    assert "spec=Spec(LoopJVP, primals=" in texts[0]
+    assert "jvp_fn=LoopJVP.staged.jvp_fn" in texts[1]
+    assert "jvp_fn=vmap(LoopJVP.staged.jvp_fn)" in texts[2]
+    for text in texts:
+        assert "0x" not in text and "bound method" not in text

@@ -35,7 +35,6 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import os
 import re
 import sys
 import threading
@@ -50,6 +49,7 @@ import numpy as np
 from jax import lax
 from jax.interpreters import ad, mlir
 
+from . import PACKAGE_DIR
 from ._batching import any_across_batch
 from ._jax_private import register_batching, ShardingContext, SPMDAxisContext
 from ._shard_map import vary
@@ -321,10 +321,8 @@ def warn_if(tree, flag, msg: str):
 def _caller_level() -> int:
     """The `stacklevel` that attributes a warning issued by this function's caller to
     the first frame outside this package: the user's call of the loop."""
-    # the package's folder (this module is in one of its layers' subfolders)
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
     frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_code.co_filename.startswith(package):
+    while frame is not None and frame.f_code.co_filename.startswith(PACKAGE_DIR):
         frame, level = frame.f_back, level + 1
     return level
 

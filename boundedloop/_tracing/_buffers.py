@@ -26,6 +26,7 @@ import jax.extend.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
+from .._runtime import PACKAGE_DIR
 from .._runtime._jax_private import (
     pytype_aval_mappings,
     register_canonicalize_value_handler,
@@ -310,8 +311,6 @@ def _static_cells(index: Index, shape) -> set | None:
     return set(itertools.product(*axes))
 
 
-# the package's folder (this module is in one of its layers' subfolders)
-_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _LIBRARIES = tuple(
     os.path.dirname(os.path.abspath(m.__file__)) for m in (jax, eqx, contextlib)
 )
@@ -323,7 +322,7 @@ def user_line() -> str:
     frame = sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename
-        if not name.startswith(_HERE) and not name.startswith(_LIBRARIES):
+        if not name.startswith(PACKAGE_DIR) and not name.startswith(_LIBRARIES):
             if not name.startswith("<frozen"):
                 return f"{name}:{frame.f_lineno} in {frame.f_code.co_name}"
         frame = frame.f_back

@@ -7,20 +7,11 @@ import jax.tree_util as jtu
 import numpy as np
 
 
-def dtype_name(dtype) -> str:
-    """`dtype`'s name, e.g. `float32` or `key<fry>` (an extended dtype, which NumPy
-    cannot name)."""
-    if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
-        return str(dtype)
-    return np.dtype(dtype).name
-
-
 def _describe(leaf) -> str:
     if isinstance(leaf, jax.ShapeDtypeStruct | jax.Array | np.ndarray):
         weak = getattr(leaf, "weak_type", False)
-        return f"{dtype_name(leaf.dtype)}{list(leaf.shape)}" + (
-            " (weakly typed)" if weak else ""
-        )
+        # a dtype prints as its name: `float32`, or `key<fry>` for a typed key
+        return f"{leaf.dtype}{list(leaf.shape)}" + (" (weakly typed)" if weak else "")
     return repr(leaf)
 
 
