@@ -22,13 +22,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from _common import euler_step, temp_bytes
+from tests.schedule_reference import gradient_body_evaluations, placement_cost
 
 import boundedloop as bl
-from boundedloop._sweeps._schedule import (
-    gradient_body_evaluations,
-    offline_placement,
-    placement_cost,
-)
+from boundedloop._sweeps._schedule import offline_placement
 
 
 WIDTH = 4

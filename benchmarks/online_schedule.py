@@ -16,13 +16,9 @@ Each ratio is the extra body evaluations of one gradient with `max_steps=None`
 """
 
 import numpy as np
+from tests.schedule_reference import optimal_placement_costs, placement_cost
 
-from boundedloop._sweeps._schedule import (
-    offline_placement,
-    online_stores,
-    optimal_placement_costs,
-    placement_cost,
-)
+from boundedloop._sweeps._schedule import offline_placement, online_stores
 
 
 def placements(slots: int, trip_counts) -> dict[int, list[int]]:

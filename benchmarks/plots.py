@@ -171,7 +171,7 @@ def recomputation():
 def schedule(n=40, slots=4):
     # the schedule itself is private; imported here so that the other figures do
     # not depend on it
-    from boundedloop._sweeps._schedule import forward_placement, reverse_events
+    from tests.schedule_reference import forward_placement, reverse_events
 
     events = [("forward", i) for i in range(n)] + reverse_events(
         forward_placement(n, slots), n, slots

@@ -19,12 +19,9 @@ import jax
 import jax.numpy as jnp
 from _common import EvalCounter
 from _format import index, load, page, table
+from tests.schedule_reference import gradient_body_evaluations, optimal_placement_costs
 
 import boundedloop as bl
-from boundedloop._sweeps._schedule import (
-    gradient_body_evaluations,
-    optimal_placement_costs,
-)
 
 
 def count(kind, n, c):

@@ -7,14 +7,14 @@ import pytest
 from jax import lax
 
 import boundedloop as bl
-from boundedloop._sweeps._schedule import (
+from boundedloop._sweeps._schedule import offline_placement
+
+from .helpers import Counter, on_host, tree_allclose
+from .schedule_reference import (
     gradient_body_evaluations,
-    offline_placement,
     optimal_placement_costs,
     placement_cost,
 )
-
-from .helpers import Counter, on_host, tree_allclose
 
 
 W = jnp.array([[0.8, -0.3], [0.4, 0.9]])

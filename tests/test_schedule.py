@@ -7,15 +7,18 @@ import numpy as np
 import pytest
 
 from boundedloop._sweeps._schedule import (
-    forward_placement,
-    gradient_body_evaluations,
     offline_placement,
     online_stores,
+    revolve_split,
+)
+
+from .schedule_reference import (
+    forward_placement,
+    gradient_body_evaluations,
     optimal_placement_costs,
     placement_cost,
     reverse_events,
     revolve_cost,
-    revolve_split,
 )
 
 

@@ -25,12 +25,9 @@ from boundedloop._sweeps._recompute import split_rule
 from boundedloop._sweeps._schedule import (
     _merge_choice,
     BAND_CAP,
-    forward_placement,
-    gradient_body_evaluations,
     grown_bands,
     offline_placement,
     online_stores,
-    reverse_events,
     revolve_split,
     targets,
 )
@@ -38,6 +35,11 @@ from boundedloop._sweeps._store_rules import OnlineRule, TABLE_STEPS
 from boundedloop._tracing._trace import trace_loop
 
 from .helpers import Counter, largest_array_in_loops, on_host, tree_allclose
+from .schedule_reference import (
+    forward_placement,
+    gradient_body_evaluations,
+    reverse_events,
+)
 
 
 def recorded_gradient(n, max_steps, checkpoints):

@@ -11,7 +11,7 @@ iterations stay close to body evaluations: once the rest of a segment fits the f
 slots, a loop of a step and a store per iteration; and after the recomputed step, a
 loop that reverses the steps below it for as long as the next step's input is on
 top of the stack. Costlier steps dwarf this control, and each loop is one more to
-compile. `_schedule.reverse_events` is the sweep's pure-Python twin.
+compile. `tests/schedule_reference.reverse_events` is the sweep's pure-Python twin.
 
 ??? cite "References"
 
