@@ -74,7 +74,6 @@ def repetitions(length: int, slots: int) -> int:
     return r
 
 
-
 def revolve_split(length: int, slots: int) -> int:
     """How far to advance from a segment's start before storing the next checkpoint, so
     that the segment is reversed at the fewest extra evaluations.
@@ -91,8 +90,6 @@ def revolve_split(length: int, slots: int) -> int:
     return min(
         math.comb(slots + r - 1, slots), length - math.comb(slots + r - 2, r - 1)
     )
-
-
 
 
 BAND_CAP = 2**30
@@ -211,7 +208,6 @@ def online_stores(n: int, slots: int) -> list[tuple[int, int]]:
     return stores
 
 
-
 def offline_placement(n: int, slots: int) -> list[int]:
     """The placement for a loop whose trip count `n` is known in advance: the first
     sweep of the binomial schedule (store at `revolve_split` of what is left, one
@@ -225,8 +221,6 @@ def offline_placement(n: int, slots: int) -> list[int]:
         positions.append(p)
         k -= 1
     return positions
-
-
 
 
 def offline_stores(n: int, slots: int) -> list[tuple[int, int]]:
