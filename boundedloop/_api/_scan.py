@@ -168,7 +168,11 @@ def _trace_step(f, init, xs, buffers, n: int, name: str):
                 f"`{name}` needs `f` to return a pair `(carry, y)`, got {out!r}."
             )
         carry_out = _carried_shapes(out[0])
-        dynamic, changed = _promote_as_lax_scan(dynamic, carry_out)
+        leaves, treedef = jtu.tree_flatten(dynamic)
+        if len(carry_out) != len(leaves):
+            break  # another structure: the loop's carry check names it
+        leaves, changed = promote_weak_inputs(leaves, carry_out, by_weak_type=False)
+        dynamic = jtu.tree_unflatten(treedef, leaves)
         if not changed:
             break
     if not replay and carry_out is not None:
@@ -186,29 +190,6 @@ def _carried_shapes(carry_out):
     (leaves that are neither arrays nor Python numbers are dropped)."""
     leaves = jtu.tree_leaves(eqx.filter(carry_out, is_carried_shape))
     return [_y_shape(o, "") for o in leaves]
-
-
-def _promote_as_lax_scan(dynamic, carry_out):
-    """`lax.scan`'s promotion: each weakly typed initial value whose output has
-    another dtype or shape (weak types aside), cast strongly to their common dtype.
-
-    **Returns:**
-
-    `(dynamic, changed)`.
-    """
-    leaves, treedef = jtu.tree_flatten(dynamic)
-    if len(carry_out) != len(leaves):
-        return dynamic, False  # another structure: the loop's carry check names it
-    new, changed = [], False
-    for x, o in zip(leaves, carry_out):
-        if is_weak(x) and (o.shape, o.dtype) != (x.shape, x.dtype):
-            try:
-                x = jax.lax.convert_element_type(x, jnp.result_type(x, o))
-                changed = True
-            except jax.dtypes.TypePromotionError:
-                pass  # the loop's carry check names the leaf
-        new.append(x)
-    return jtu.tree_unflatten(treedef, new), changed
 
 
 def _typed_as(init, carry_out):

@@ -48,9 +48,29 @@ def weak(x):
     return weakly_typed(x)
 
 
-def promote_weak_inputs(inputs: Sequence, outputs: Sequence) -> tuple[list, bool]:
-    """`lax.while_loop`'s promotion: each weakly typed input whose output differs
-    from it in dtype or weak type, cast (strongly) to their common dtype.
+def weak_dtype(value, like):
+    """The one weak-type rule, JAX's: the dtype a weakly typed `value` takes where it
+    meets `like` (a `jax.ShapeDtypeStruct` of the same shape), their common dtype
+    (`jnp.result_type`). `None` where `value` is strongly typed, `like` is not a
+    shape or has another one, or the two do not promote (the carry check then names
+    the leaf)."""
+    if not (is_weak(value) and isinstance(like, jax.ShapeDtypeStruct)):
+        return None
+    if jnp.shape(value) != like.shape:
+        return None
+    try:
+        return jnp.result_type(value, like)
+    except jax.dtypes.TypePromotionError:
+        return None
+
+
+def promote_weak_inputs(
+    inputs: Sequence, outputs: Sequence, *, by_weak_type: bool = True
+) -> tuple[list, bool]:
+    """A loop's promotion of its initial carry: each weakly typed input whose output
+    (a `jax.ShapeDtypeStruct`) has another dtype, cast (strongly) to their common
+    dtype (`weak_dtype`); with `by_weak_type` (`lax.while_loop`'s, not
+    `lax.scan`'s) also one whose output is strongly typed.
 
     **Returns:**
 
@@ -58,18 +78,11 @@ def promote_weak_inputs(inputs: Sequence, outputs: Sequence) -> tuple[list, bool
     """
     new, changed = [], False
     for x, out in zip(inputs, outputs):
-        differs = (
-            isinstance(out, jax.ShapeDtypeStruct)
-            and jnp.shape(x) == out.shape
-            and (out.dtype != jnp.result_type(x) or is_weak(out) != is_weak(x))
-        )
-        if is_weak(x) and differs:
-            try:
-                dtype = jnp.result_type(x, out)
-            except jax.dtypes.TypePromotionError:
-                dtype = None  # the carry check names the leaf instead
-            if dtype is not None:
-                x = jax.lax.convert_element_type(x, dtype)
-                changed = True
+        dtype = weak_dtype(x, out)
+        if dtype is not None and (
+            out.dtype != jnp.result_type(x) or (by_weak_type and not is_weak(out))
+        ):
+            x = jax.lax.convert_element_type(x, dtype)
+            changed = True
         new.append(x)
     return new, changed

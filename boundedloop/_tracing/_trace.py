@@ -28,7 +28,7 @@ from ._buffers import (
 )
 from ._carry_checks import check_carry_match, check_predicate
 from ._closure import closure_convert, with_inputs_added
-from ._dtypes import is_weak, promote_weak_inputs, strong, weak
+from ._dtypes import is_weak, promote_weak_inputs, strong, weak, weak_dtype
 
 
 def is_carried(x) -> bool:
@@ -39,23 +39,15 @@ def is_carried(x) -> bool:
 
 
 def _returns_weak_scalars_cast(out, like):
-    """Cast weakly typed outputs (e.g. a bare Python `0.0`) to the carry's dtype when
-    that loses nothing, as `lax` promotion would."""
+    """Weakly typed outputs (e.g. a bare Python `0.0`) cast to the carry's dtype
+    where they take it (`weak_dtype`)."""
 
     def cast(o, x):
         # `x` is static where the body turned a static value into an array: the
         # carry check names it
-        if not isinstance(x, jax.ShapeDtypeStruct):
+        dtype = weak_dtype(o, x) if is_carried_shape(o) else None
+        if dtype is None or dtype != x.dtype:
             return o
-        if not is_carried_shape(o) or not is_weak(o):
-            return o
-        if jnp.shape(o) != x.shape:
-            return o
-        try:
-            if jnp.promote_types(x.dtype, jnp.result_type(o)) != x.dtype:
-                return o
-        except jax.dtypes.TypePromotionError:
-            return o  # the carry check names the leaf
         if isinstance(o, jax.ShapeDtypeStruct):
             return jax.ShapeDtypeStruct(o.shape, x.dtype)
         return jnp.asarray(o, dtype=x.dtype)
