@@ -129,6 +129,17 @@ def test_weak_python_scalars_follow_lax():
         lambda c: c[1] < 3, lambda c: (1.0, c[1] + 1), (jnp.float32(0), 0), max_steps=5
     )
     assert out[0].dtype == jnp.float32
+    # in any float dtype, as weak typing gives it (`x + 1.0` keeps `x`'s dtype;
+    # `lax.while_loop` refuses this one); an int is not cast to a bool
+    for dtype in (jnp.float16, jnp.bfloat16):
+        out = bl.while_loop(
+            lambda c: c[1] < 3, lambda c: (1.0, c[1] + 1), (dtype(0), 0), max_steps=5
+        )
+        assert out[0].dtype == dtype and float(out[0]) == 1.0
+    with pytest.raises(TypeError, match=r"carry\[0\] has type bool"):
+        bl.while_loop(
+            lambda c: c[1] < 3, lambda c: (1, c[1] + 1), (True, 0), max_steps=5
+        )
 
 
 def test_carry_mismatch_names_every_differing_leaf():
