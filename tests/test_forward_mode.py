@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import pytest
 
 import boundedloop as bl
-from boundedloop._sweeps._schedule import gradient_body_evaluations
 
 from .helpers import Counter, on_host, scan_loop, tree_allclose
+from .schedule_reference import gradient_body_evaluations
 
 
 W = jnp.array([[0.9, -0.4, 0.3], [0.2, 0.8, -0.5], [-0.3, 0.1, 0.7]])

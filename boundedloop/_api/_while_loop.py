@@ -3,7 +3,7 @@
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .._autodiff._loop_jvp import differentiable_loop
+from .._autodiff import differentiable_loop
 from .._runtime._checks import (
     buffer_checks_enabled,
     check_stopped,

@@ -1,9 +1,9 @@
-"""The loop under autodiff: `differentiable_loop`, the loop behind a custom JVP (see
-the `_autodiff` package for where each transform lands), and its JVP in the forms
-`_jvp_primitive.Passes` asks for (`LoopJVP`): one pass (forward mode), and two (the
-checkpointed sweep now, the tangent as a `loop_tangent` over its tape, which reverse
-mode transposes into the reverse sweep). The passes that make these differentiable
-once more in reverse mode are `_second_order`'s.
+"""The loop's first-order JVP in the forms `_jvp_primitive.Passes` asks for
+(`LoopJVP`): one pass (forward mode), and two (the checkpointed sweep now, the
+tangent as a `loop_tangent` over its tape, which reverse mode transposes into the
+reverse sweep). `_second_order.ReverseOverAnything` extends it with the passes that
+make both differentiable once more in reverse mode; the loop's custom JVP
+(`_autodiff.differentiable_loop`) binds that.
 """
 
 import dataclasses
@@ -15,18 +15,13 @@ import jax.tree_util as jtu
 from .._runtime._checks import check_stopped
 from .._runtime._leaves import fill, pick
 from .._runtime._shard_map import vary_everywhere
-from .._sweeps._forward_sweeps import plain_sweep, replay_sweep
+from .._sweeps._forward_sweeps import checkpointed_sweep, plain_sweep, replay_sweep
 from .._sweeps._reverse_sweep import reverse_sweep
 from .._sweeps._step import ReversibleStep
-from .._tracing._perturbation import (
-    has_tangent,
-    perturbed_leaves,
-    seeded_tangents,
-)
-from .._tracing._trace import LoopConfig, Perturbed, TracedLoop
-from ._jvp_primitive import custom_jvp_spec, loop_jvp, Passes, Primal, Spec
+from .._tracing._perturbation import seeded_tangents
+from .._tracing._trace import LoopConfig, TracedLoop
+from ._jvp_primitive import custom_jvp_spec, Passes, Primal, Spec
 from ._loop_parts import LoopParts, Residuals
-from ._second_order import ReverseOverAnything
 from ._tangent_primitive import loop_tangent
 
 
@@ -63,14 +58,15 @@ def replay_tangent(primals, wanted, perturbed, t_in, layout):
 class LoopJVP:
     """The loop's JVP in both forms `_jvp_primitive.Passes` asks for, on flat lists: the
     loop's arrays and the tangents of the `wanted` ones in, the final `(x, bufs)` and
-    the tangents of its `perturbed` leaves out. `second` holds the passes that make
-    both differentiable in reverse mode once more."""
+    the tangents of its `perturbed` leaves out. First order: its two-pass form's
+    sweeps and transpose are differentiable in forward mode only; the hooks
+    `taped_sweep`, `transposable` and `tangent_hvp` are where
+    `_second_order.ReverseOverAnything` makes them transposable once more."""
 
     def __init__(
         self, loop: TracedLoop, config: LoopConfig, wanted, perturbed, loop_fn
     ):
         self.parts = LoopParts.of(loop, config, wanted, perturbed, loop_fn)
-        self.second = ReverseOverAnything(self.parts)
         outs = jtu.tree_leaves((loop.init, loop.bufs))
         out_perturbed = self.parts.out_perturbed
         t_avals = [jax.typeof(o) for o, p in zip(outs, out_perturbed) if p]
@@ -121,12 +117,29 @@ class LoopJVP:
         out, tangent = self.staged(leaves)
         return out + tangent(t_in)
 
+    def taped_sweep(self, leaves):
+        """`checkpointed_sweep`: the final `(x, bufs)` and the tape."""
+        parts = self.parts
+        return checkpointed_sweep(parts.loop(leaves), parts.config, parts.perturbed.x)
+
+    def transposable(self, residuals: Residuals, reverse):
+        """The tangent's transpose, `(residual leaves, cts) -> cts_in`, from the
+        reverse sweep `reverse(residual leaves + cts)`."""
+        del residuals
+        return lambda res_leaves, cts: reverse(list(res_leaves) + list(cts))
+
+    def tangent_hvp(self, residuals: Residuals):
+        """The tangent's derivative through its residuals, transposed (`loop_tangent`'s
+        `hvp_fn`); `None`: forward mode only."""
+        del residuals
+        return None
+
     def staged(self, leaves):
         """`two_pass` in two stages: `checkpointed_sweep` now, returning the outputs
         and the tangent stage, `t_in -> t_out`, which reads only its tape."""
         config, wanted = self.parts.config, self.parts.wanted
         loop = self.parts.loop(leaves)
-        out, tape = self.second.taped_sweep(leaves)
+        out, tape = self.taped_sweep(leaves)
         residuals = Residuals(loop, tape)
         out_perturbed, out_def = self.parts.out_perturbed, self.parts.out_def
 
@@ -150,11 +163,8 @@ class LoopJVP:
             ct_in = reverse_sweep(step, tape, ct_x, ct_bufs, config)
             return pick(wanted, ct_in)
 
-        def vjp_fn(res_leaves, cts):
-            return self.second.vjp_with_hvp(residuals, reverse)(*res_leaves, *cts)
-
-        def hvp_fn(res_leaves, t_in, cts):
-            return self.second.residual_hvp(residuals, res_leaves, cts, t_in)[1]
+        vjp_fn = self.transposable(residuals, reverse)
+        hvp_fn = self.tangent_hvp(residuals)
 
         def tangent(t_in):
             t_out = loop_tangent(
@@ -170,50 +180,17 @@ class LoopJVP:
 
         return jtu.tree_leaves(out), tangent
 
+    # the transpose of the JVP's own linearization (`grad` of `jvp`): second order
+    reverse_of_jvp = None
+
     def spec(self) -> Spec:
         """The `loop_jvp` primitive's parameter for this loop."""
         n_outputs = self.parts.out_def.num_leaves
         return custom_jvp_spec(
-            Passes(
-                self.one_pass, self.two_pass, self.staged, self.second.reverse_of_jvp
-            ),
+            Passes(self.one_pass, self.two_pass, self.staged, self.reverse_of_jvp),
             Primal(self.primal, self.tangent_inputs(), self.tangent_outputs()),
             n_primals=len(self.parts.leaves),
             out_avals=self.out_avals[:n_outputs],
             t_avals=self.out_avals[n_outputs:],
             effects=self.parts.effects,
         )
-
-
-@eqx.filter_custom_jvp
-def differentiable_loop(loop: TracedLoop, config: LoopConfig):
-    """Run the loop; see `bl.while_loop`. Returns the final `(x, bufs)`."""
-    # inside `shard_map`, everything varies across devices from here on
-    return plain_sweep(vary_everywhere(loop), config)
-
-
-@differentiable_loop.def_jvp
-def _differentiable_loop_jvp(primals, tangents):
-    loop, config = primals
-    loop = vary_everywhere(loop)
-    # which of (body, init, bufs)'s leaves have a tangent, and those tangents
-    t_diff = tangents[0].differentiable()
-    wanted = jtu.tree_map(lambda _, t: t is not None, loop.differentiable(), t_diff)
-    t_in = jtu.tree_leaves(t_diff)
-    if not t_in:  # only the predicate's arrays are perturbed
-        out = plain_sweep(loop, config)
-        return out, jtu.tree_map(lambda _: None, out)
-    t_body, t_init, t_bufs = t_diff
-    perturbed = perturbed_leaves(
-        loop.body,
-        has_tangent(t_body),
-        Perturbed(tuple(has_tangent(t_init)), tuple(has_tangent(t_bufs))),
-        loop.layout,
-    )
-    # only perturbed leaves get tangents (see `_perturbation`)
-    jvp = LoopJVP(loop, config, wanted, perturbed, differentiable_loop)
-    parts = jvp.parts
-    results = loop_jvp(parts.leaves, t_in, jvp.spec())
-    out = jtu.tree_unflatten(parts.out_def, results[: parts.out_def.num_leaves])
-    t_out = results[parts.out_def.num_leaves :]
-    return out, jtu.tree_unflatten(parts.out_def, fill(parts.out_perturbed, t_out))

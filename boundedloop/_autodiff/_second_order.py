@@ -39,7 +39,8 @@ from .._sweeps._step import ReversibleStep
 from .._tracing._dtypes import is_inexact
 from .._tracing._trace import LoopConfig, TracedLoop
 from ._jvp_primitive import custom_jvp_spec, loop_jvp, Passes, Primal
-from ._loop_parts import LoopParts, Residuals
+from ._loop_jvp import LoopJVP
+from ._loop_parts import Residuals
 from ._tangent_primitive import outputs_and_tangent
 
 
@@ -95,12 +96,22 @@ def gradient_and_hvp(loop_fn, loop, config, cts, direction=None):
     return j_v, combine(g), combine(h_v)
 
 
-class ReverseOverAnything:
-    """The passes that make the loop's gradient and JVP differentiable in reverse
-    mode, for the loop `parts` describes (`_loop_jvp.LoopJVP` holds one)."""
+class ReverseOverAnything(LoopJVP):
+    """The loop's JVP (`LoopJVP`), with the passes that make its gradient and its JVP
+    differentiable in reverse mode once more: the checkpointed sweep, the reverse
+    sweep and the tangent's derivative through its residuals, each behind a JVP an
+    outer reverse pass can transpose; and the transpose of the JVP's own
+    linearization (`reverse_of_jvp`)."""
 
-    def __init__(self, parts: LoopParts):
-        self.parts = parts
+    def transposable(self, residuals: Residuals, reverse):
+        transposed = self.vjp_with_hvp(residuals, reverse)
+        return lambda res_leaves, cts: transposed(*res_leaves, *cts)
+
+    def tangent_hvp(self, residuals: Residuals):
+        def hvp_fn(res_leaves, t_in, cts):
+            return self.residual_hvp(residuals, res_leaves, cts, t_in)[1]
+
+        return hvp_fn
 
     def taped_sweep(self, leaves):
         """`checkpointed_sweep`, behind a JVP that an outer reverse pass can
