@@ -3,8 +3,8 @@ rest of it, the configuration, which inputs are differentiated and which outputs
 get tangents (`LoopParts`, which also translates between the index spaces of the
 passes: positions among the leaves, trees shaped like `(body, init, bufs)`, and
 perturbed carry leaves); and what its tangent keeps of it (`Residuals`).
-`_loop_jvp.LoopJVP` and `_second_order.ReverseOverAnything` each take one
-`LoopParts`, so neither reads attributes the other defines."""
+`_loop_jvp.LoopJVP` (and `_second_order.ReverseOverAnything`, which extends it)
+holds one."""
 
 import dataclasses
 from collections.abc import Callable

@@ -276,7 +276,7 @@ def linearizable(
     (`with_tangent`: the inexact ones that depend on a perturbed primal); `res` are
     the primals, then `fn`'s outputs with `keep_outputs`. This is how the loop's
     own sweeps stay differentiable when an outer reverse pass differentiates a
-    gradient (see `_loop_jvp.differentiable_loop`). With `transpose=None` the linearized tangent cannot
+    gradient (see `_autodiff.differentiable_loop`). With `transpose=None` the linearized tangent cannot
     be transposed: that raises a clear error (a third reverse pass)."""
 
     @jax.custom_jvp

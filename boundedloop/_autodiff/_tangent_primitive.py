@@ -173,7 +173,7 @@ def _residual_tangent(residuals, linear, floating, float_d, of_floats, params):
     of `jvp`), `hvp_fn`, a forward-over-reverse product (the derivative is a block
     of the Hessian of `v . F`, symmetric). Without `hvp_fn`, transposing it raises
     a clear error."""
-    n_res, n_lin = len(residuals), len(linear)
+    n_res = len(residuals)
     hvp_fn = params["hvp_fn"]
 
     def jvp_fn(operands, d):
@@ -188,15 +188,11 @@ def _residual_tangent(residuals, linear, floating, float_d, of_floats, params):
         ct_res = hvp_fn(list(res), list(lin), list(cts))
         return [c for f, c in zip(floating, ct_res) if f]
 
-    del n_lin
-    return loop_tangent_p.bind(
-        *residuals,
-        *linear,
-        *float_d,
-        n_res=n_res + len(linear),
-        jvp_fn=named(jvp_fn),
-        vjp_fn=named(vjp_fn),
-        hvp_fn=None,
+    return loop_tangent(
+        [*residuals, *linear],
+        float_d,
+        jvp_fn=jvp_fn,
+        vjp_fn=vjp_fn,
         out_avals=params["out_avals"],
         loop_effects=params["loop_effects"],
     )
