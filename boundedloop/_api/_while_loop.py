@@ -17,7 +17,8 @@ from .._tracing._buffers import (
     lent_gate,
     return_buffers,
 )
-from .._tracing._trace import LoopConfig, trace_loop
+from .._tracing._loop import LoopConfig
+from .._tracing._trace import trace_loop
 from ._arguments import check_checkpoints, check_max_steps
 from ._stats import count_steps, loop_stats, LoopStats
 

@@ -35,8 +35,8 @@ import jax.tree_util as jtu
 from .._runtime._leaves import fill
 from .._runtime._shard_map import vary_everywhere
 from .._sweeps._forward_sweeps import plain_sweep
+from .._tracing._loop import LoopConfig, Perturbed, TracedLoop
 from .._tracing._perturbation import has_tangent, perturbed_leaves
-from .._tracing._trace import LoopConfig, Perturbed, TracedLoop
 from ._jvp_primitive import loop_jvp
 from ._second_order import ReverseOverAnything
 

@@ -18,8 +18,8 @@ from .._runtime._shard_map import vary_everywhere
 from .._sweeps._forward_sweeps import checkpointed_sweep, plain_sweep, replay_sweep
 from .._sweeps._reverse_sweep import reverse_sweep
 from .._sweeps._step import ReversibleStep
+from .._tracing._loop import LoopConfig, TracedLoop
 from .._tracing._perturbation import seeded_tangents
-from .._tracing._trace import LoopConfig, TracedLoop
 from ._jvp_primitive import custom_jvp_spec, Passes, Primal, Spec
 from ._loop_parts import LoopParts, Residuals
 from ._tangent_primitive import loop_tangent

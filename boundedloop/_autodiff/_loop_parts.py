@@ -16,8 +16,8 @@ import jax.tree_util as jtu
 
 from .._runtime._leaves import pick, zero_ct
 from .._runtime._shard_map import vary_everywhere
+from .._tracing._loop import LoopConfig, Perturbed, TracedLoop
 from .._tracing._perturbation import perturbed_leaves
-from .._tracing._trace import LoopConfig, Perturbed, TracedLoop
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,7 +37,7 @@ from .._sweeps._forward_sweeps import checkpointed_sweep
 from .._sweeps._reverse_sweep import reverse_sweep
 from .._sweeps._step import ReversibleStep
 from .._tracing._dtypes import is_inexact
-from .._tracing._trace import LoopConfig, TracedLoop
+from .._tracing._loop import LoopConfig, TracedLoop
 from ._jvp_primitive import custom_jvp_spec, loop_jvp, Passes, Primal
 from ._loop_jvp import LoopJVP
 from ._loop_parts import Residuals

@@ -22,7 +22,7 @@ from .._runtime import _progress
 from .._runtime._batching import any_across_batch, select_if_batched
 from .._runtime._checks import check_stopped
 from .._runtime._shard_map import varying_while_loop
-from .._tracing._trace import LoopConfig, TracedLoop
+from .._tracing._loop import LoopConfig, TracedLoop
 from . import _checkpoint_store, _cost_model
 from ._checkpoint_store import CheckpointStore
 from ._step import advance

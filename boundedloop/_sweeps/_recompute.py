@@ -25,7 +25,7 @@ from jaxtyping import Array, Int
 
 from .._runtime._batching import select_if_batched
 from .._runtime._shard_map import varying_while_loop
-from .._tracing._trace import LoopConfig
+from .._tracing._loop import LoopConfig
 from . import _checkpoint_store, _cost_model
 from ._checkpoint_store import CheckpointStore
 from ._schedule import binomial_table

@@ -38,7 +38,7 @@ from jaxtyping import Array, Int
 from .._runtime import _progress
 from .._runtime._batching import select_if_batched
 from .._runtime._shard_map import varying_while_loop
-from .._tracing._trace import LoopConfig
+from .._tracing._loop import LoopConfig
 from . import _buffer_checks, _checkpoint_store, _cost_model
 from ._checkpoint_store import CheckpointStore
 from ._recompute import initial_stack, make_sweep, recompute, Stack, Sweep

@@ -12,7 +12,7 @@ from .._runtime._batching import select_if_batched
 from .._runtime._jax_private import convert_constvars_jaxpr, dce_jaxpr
 from .._tracing._closure import ClosureConverted
 from .._tracing._indexing import get, put
-from .._tracing._trace import Layout, Perturbed, StepIn
+from .._tracing._loop import Layout, Perturbed, StepIn
 
 
 def advance(body, layout: Layout, x, bufs, active):

@@ -22,7 +22,7 @@ import jax.tree_util as jtu
 from .._runtime._jax_private import convert_constvars_jaxpr, jvp_jaxpr
 from ._closure import ClosureConverted
 from ._dtypes import is_inexact
-from ._trace import Layout, Perturbed
+from ._loop import Layout, Perturbed
 
 
 def perturbed_leaves(

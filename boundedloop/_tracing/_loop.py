@@ -1,0 +1,115 @@
+"""The traced loop as data: the `TracedLoop` (the user's functions, traced once, and
+the initial arrays), the carry's `Layout`, what the traced body takes and returns,
+which carry leaves are perturbed, and the `LoopConfig` (what the loop was asked
+for). `_trace` makes them; the sweeps and the derivatives read them."""
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import equinox as eqx
+import jax.numpy as jnp
+import jax.tree_util as jtu
+
+from .._runtime._jax_private import weakly_typed
+
+
+class StepIn(NamedTuple):
+    """What the traced body takes."""
+
+    x: tuple  # the ordinary carry leaves
+    bufs: tuple  # the buffer leaves
+    dummies: tuple  # stand-ins for the reads' tangents (see `_buffers._read`)
+    active: Any  # scalar bool: buffer writes happen only where true
+
+
+class Perturbed(NamedTuple):
+    """Per carry leaf, whether it is perturbed."""
+
+    x: tuple[bool, ...]
+    bufs: tuple[bool, ...]
+
+
+class StepOut(NamedTuple):
+    """What the traced body returns."""
+
+    x: tuple  # the new ordinary leaves
+    bufs: tuple  # the buffers after this step's writes
+    writes: tuple  # `(value, index, pred)` per write, in order
+    reads: tuple  # the `Index` of each read, in order
+
+
+class TracedLoop(eqx.Module):
+    """A user's loop, traced once and closure-converted.
+
+    `body` is `StepIn -> StepOut`, `cond(x, bufs)` the predicate. `init` and `bufs`
+    are the initial arrays. Only `body`, `init` and `bufs` are differentiated: the
+    predicate is piecewise constant.
+    """
+
+    body: Callable
+    cond: Callable
+    init: tuple
+    bufs: tuple
+    layout: "Layout" = eqx.field(static=True)
+
+    def differentiable(self):
+        """`(body, init, bufs)`: the parts that get tangents."""
+        return self.body, self.init, self.bufs
+
+    def finish(self, x, bufs):
+        """The user-facing carry from the loop's arrays, weakly typed where
+        `lax.while_loop`'s would be (see `_dtypes`)."""
+        layout = self.layout
+        leaves = layout.merge(x, bufs)
+        leaves = [weakly_typed(v) if w else v for v, w in zip(leaves, layout.weak_out)]
+        return layout.rebuild(*layout.split(leaves))
+
+
+class Layout(eqx.Module):
+    """Where each array leaf of the carry goes, and the static leaves."""
+
+    treedef: Any = eqx.field(static=True)
+    static: Any = eqx.field(static=True)
+    buffer_pos: tuple[int, ...] = eqx.field(static=True)
+    read_shapes: tuple = eqx.field(static=True)  # per read, in order
+    read_leaves: tuple[int, ...] = eqx.field(static=True)  # buffer read, per read
+    write_leaves: tuple[int, ...] = eqx.field(static=True)  # buffer written, per write
+    weak_out: tuple[bool, ...] = eqx.field(static=True, default=())  # per leaf
+    # buffers the body hands to an inner loop
+    shared: frozenset[int] = eqx.field(static=True, default=frozenset())
+    # the body's reads, writes and hand-overs of buffers, in order (`_buffers.Site`)
+    sites: tuple = eqx.field(static=True, default=())
+
+    def split(self, leaves):
+        x = tuple(v for k, v in enumerate(leaves) if k not in self.buffer_pos)
+        bufs = tuple(leaves[k] for k in self.buffer_pos)
+        return x, bufs
+
+    def merge(self, x, bufs):
+        x, bufs = iter(x), iter(bufs)
+        return [
+            next(bufs) if k in self.buffer_pos else next(x)
+            for k in range(self.treedef.num_leaves)
+        ]
+
+    def rebuild(self, x, bufs):
+        dynamic = jtu.tree_unflatten(self.treedef, self.merge(x, bufs))
+        return eqx.combine(dynamic, self.static)
+
+    def read_stand_ins(self) -> tuple:
+        """Zeros standing in for the buffer reads' tangents (see `_buffers._read`)."""
+        return tuple(jnp.zeros(r.shape, r.dtype) for r in self.read_shapes)
+
+
+class LoopConfig(eqx.Module):
+    """The static description of one loop: what `bl.while_loop` was asked for.
+    (The carry's `Layout`, found when tracing it, is the `TracedLoop`'s.)"""
+
+    max_steps: int | None = eqx.field(static=True)
+    checkpoints: int = eqx.field(static=True)
+    # the loop always takes `max_steps` steps (a scan): plan checkpoints offline
+    known_length: bool = eqx.field(static=True, default=False)
+    # the loop's name for `bl.max_steps_check`'s error, or None: no check
+    stop_check: str | None = eqx.field(static=True, default=None)
+    # the loop's name for the buffer checks' errors, or None: no check
+    buffer_check: str | None = eqx.field(static=True, default=None)
