@@ -8,6 +8,9 @@ loop, computed on the host.
 - run time, inside `bl.buffer_checks()`: a location written twice, and a read
   whose value matters of a location the loop writes only later, both of which
   leave the values right and make the gradient wrong;
+- trace time, a warning: a read at a location that a later step writes, both
+  indices following a counter in the carry (whether the value read matters is
+  known only at run time);
 - as `jnp`: a traced index out of range drops the write; reading a version of a
   buffer from before a write sees the values from before it.
 
@@ -17,6 +20,7 @@ either raise exactly when the rules are broken or match the unrolled reference.
 """
 
 import re
+import warnings
 
 import equinox as eqx
 import jax
@@ -34,6 +38,7 @@ W = 0.5 * jnp.eye(3) + 0.1
 X0 = jnp.ones(3)
 ALREADY = "a location already written"
 LATER = "wrote that location only later"
+AHEAD = "at a location that it writes"
 
 
 def unrolled(body, carry, steps):
@@ -123,14 +128,63 @@ def test_a_read_of_a_row_written_later_is_an_error_of_the_checked_gradient():
         return jnp.sum(out[0]) + jnp.sum(out[1])
 
     # the value is right (the forward reads what `jnp` would)...
-    assert tree_allclose(jax.jit(ahead_loss)(W), on_host(reference)(W))
+    with pytest.warns(UserWarning, match=AHEAD):
+        assert tree_allclose(jax.jit(ahead_loss)(W), on_host(reference)(W))
     # ...its gradient is not, so checked it is an error, at the read
-    with bl.buffer_checks():
+    with bl.buffer_checks(), pytest.warns(UserWarning, match=AHEAD):
         with pytest.raises(eqx.EquinoxRuntimeError, match=LATER) as e:
             jax.block_until_ready(bl.filter_jit(jax.grad(ahead_loss))(W))
     assert "`carry[1]`, float32[6, 3] at [1] at step 0" in str(e.value)
-    # off (the default), nothing is checked
-    jax.block_until_ready(jax.jit(jax.grad(ahead_loss))(W))
+    # unchecked (the default), the trace-time warning is what the user gets
+    with pytest.warns(UserWarning, match=AHEAD + " 1 step later"):
+        jax.block_until_ready(jax.jit(jax.grad(ahead_loss))(W))
+
+
+def _warnings_of(body, steps=5, counter=0):
+    """The read-ahead warnings of tracing a loop of `body` over a (6, 3) buffer."""
+    init = (X0, jnp.zeros((6, 3)), counter)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        jax.eval_shape(
+            lambda: bl.while_loop(
+                lambda c: c[2] < steps, body, init, max_steps=6, buffers=lambda c: c[1]
+            )
+        )
+    return [str(w.message) for w in caught if AHEAD in str(w.message)]
+
+
+def test_a_read_ahead_of_a_counter_warns_at_trace_time():
+    """Reads at `i + r` against unconditional writes at `i + w`, the counter `i`
+    advancing by `k`: a warning where a later step (or later in the same step)
+    writes what was read, naming both lines; none otherwise."""
+
+    def body(read, write, k=1, pred=None):
+        def step(c):
+            x, ys, i = c
+            x = jnp.tanh(W @ x) * (1 + ys[read(i)])
+            return x, ys.at[write(i)].set(x, pred=pred), i + k
+
+        return step
+
+    (ahead,) = _warnings_of(body(lambda i: i + 1, lambda i: i))
+    assert "writes 1 step later" in ahead and "`carry[1]`, float32[6, 3]" in ahead
+    (same,) = _warnings_of(body(lambda i: i, lambda i: i))
+    assert f"{AHEAD} later, at" in same  # in the same step, after the read
+    (down,) = _warnings_of(body(lambda i: i - 2, lambda i: i, k=-1), counter=5)
+    assert "writes 2 steps later" in down
+    assert _warnings_of(body(lambda i: 2 * i + 2, lambda i: i + 1, k=1)) == []
+    # behind the writes, a conditional write, an offset that is not a constant
+    assert _warnings_of(body(lambda i: jnp.maximum(i - 1, 0), lambda i: i)) == []
+    assert _warnings_of(body(lambda i: i + 1, lambda i: i, pred=True)) == []
+    assert _warnings_of(body(lambda i: i + 1, lambda i: i + 1)) != []
+    assert _warnings_of(body(lambda i: i, lambda i: i + 1)) == []
+
+    def after_the_write(c):  # reads what it has just written
+        x, ys, i = c
+        ys = ys.at[i].set(jnp.tanh(W @ x))
+        return ys[i], ys, i + 1
+
+    assert _warnings_of(after_the_write) == []
 
 
 def test_reads_whose_value_does_not_matter_or_is_never_overwritten_pass():
@@ -140,6 +194,7 @@ def test_reads_whose_value_does_not_matter_or_is_never_overwritten_pass():
     def body(c):
         x, ys, i = c
         prev = jnp.where(i > 0, ys[jnp.maximum(i - 1, 0)], ys[5])
+        # ahead of the writes, so it warns while tracing; its value is dropped
         x = jnp.tanh(W @ x + prev) * (1 + 0.0 * ys[i + 1])
         return x, ys.at[i].set(x), i + 1
 
@@ -159,7 +214,7 @@ def test_reads_whose_value_does_not_matter_or_is_never_overwritten_pass():
         out = unrolled(body, (x0, *init[1:]), 5)
         return jnp.sum(out[0] ** 2) + jnp.sum(out[1])
 
-    with bl.buffer_checks():
+    with bl.buffer_checks(), pytest.warns(UserWarning, match=AHEAD):
         got = jax.jit(jax.value_and_grad(loss))(X0)
     assert tree_allclose(got, on_host(jax.value_and_grad(reference))(X0))
 

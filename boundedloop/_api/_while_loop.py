@@ -18,6 +18,7 @@ from .._tracing._buffers import (
     return_buffers,
 )
 from .._tracing._loop import LoopConfig
+from .._tracing._read_ahead import warn_reads_ahead
 from .._tracing._trace import trace_loop
 from ._arguments import check_checkpoints, check_max_steps
 from ._stats import count_steps, loop_stats, LoopStats
@@ -164,6 +165,7 @@ def run_loop(
         )
     names = buffer_names(loop.layout, loop.bufs)
     check_every_step_writes(loop.layout, names, max_steps, name)
+    warn_reads_ahead(loop, names, max_steps, name)
     # a scan always takes all its steps; an unbounded loop never runs out
     checked = not known_length and max_steps is not None
     check = max_steps_check_mode() if checked else None

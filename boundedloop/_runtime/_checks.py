@@ -303,7 +303,7 @@ def warn_if(tree, flag, msg: str):
     the warning was issued."""
     if not isinstance(flag, jax.core.Tracer):  # resolved now: warn from here
         if bool(jnp.any(flag)):
-            warnings.warn(msg, UserWarning, stacklevel=_caller_level())
+            warnings.warn(msg, UserWarning, stacklevel=caller_level())
         return tree
     flag = any_across_batch(flag)  # unbatched: one callback for the batch
 
@@ -318,7 +318,7 @@ def warn_if(tree, flag, msg: str):
     return eqx.combine(arrays, rest)
 
 
-def _caller_level() -> int:
+def caller_level() -> int:
     """The `stacklevel` that attributes a warning issued by this function's caller to
     the first frame outside this package: the user's call of the loop."""
     frame, level = sys._getframe(1), 1

@@ -79,6 +79,7 @@ class Site(NamedTuple):
     where: str  # the user's line, "file.py:12 in body"
     # a write with no `pred` to a static index: the same location at every step
     every_step: bool = False
+    unconditional: bool = False  # a write with no `pred`
 
 
 class StepTrace:
@@ -151,11 +152,15 @@ class StepTrace:
         self.reads.append((leaf, index, shape))
         return value
 
-    def _site(self, kind, leaf, version, index, *, every_step=False):
+    def _site(
+        self, kind, leaf, version, index, *, every_step=False, unconditional=False
+    ):
         """Record a read, write or hand-over, about to be appended to its list."""
         number = {"read": len(self.reads), "write": len(self.writes)}.get(kind, 0)
         where = user_line()
-        site = Site(kind, leaf, version, number, index.pattern, where, every_step)
+        site = Site(
+            kind, leaf, version, number, index.pattern, where, every_step, unconditional
+        )
         self.sites.append(site)
 
     def _here(self, leaf: int, what: str):
@@ -206,7 +211,14 @@ class StepTrace:
         if unconditional:
             _check_not_written_here(self, leaf, index)
         every_step = unconditional and index.static_ints is not None
-        self._site("write", leaf, version, index, every_step=every_step)
+        self._site(
+            "write",
+            leaf,
+            version,
+            index,
+            every_step=every_step,
+            unconditional=unconditional,
+        )
         self.writes.append(Write(leaf, index, value, pred, version, unconditional))
         live = jnp.logical_and(pred, self.active)
         self.history[leaf].append(put(array, index, value, live))
@@ -281,6 +293,11 @@ class _Clamping(threading.local):
 
 
 _clamping = _Clamping()
+
+
+def clamping() -> bool:
+    """Whether loops traced here are a client's (`clamped_writes`)."""
+    return _clamping.value
 
 
 @contextlib.contextmanager
