@@ -375,3 +375,20 @@ def test_non_conservative_custom_jvp(twist):
     assert tree_allclose(reverse_over_reverse, hessian.T, rtol=1e-5)
     symmetric = tree_allclose(hessian, hessian.T, rtol=1e-3)
     assert symmetric == (twist == 1.0)
+
+
+def test_the_first_order_stands_alone(monkeypatch):
+    """`LoopJVP` without `ReverseOverAnything`'s hooks: the same gradient (and
+    Hessian, forward over reverse); only a second reverse pass fails, in JAX's
+    own rule for `lax.while_loop`, which is what the hooks are for."""
+    import boundedloop._autodiff as autodiff
+    from boundedloop._autodiff._loop_jvp import LoopJVP
+
+    loss = loss_of(ours)
+    grad = jax.grad(loss, argnums=(0, 1))
+    hessian = jax.hessian(loss)
+    expected = grad(X0, W, 7), hessian(X0, W, 7)
+    monkeypatch.setattr(autodiff, "ReverseOverAnything", LoopJVP)
+    assert tree_allclose((grad(X0, W, 7), hessian(X0, W, 7)), expected)
+    with pytest.raises(ValueError, match="Reverse-mode differentiation does not"):
+        grad_of_grad(loss)(X0, W, 7)
