@@ -403,3 +403,53 @@ def test_buffer_mistakes_raise_or_match_jnp(a1, b, a2, m1, m2, every_other, n):
     reference = _class_loss(lambda body, init, n: unrolled(body, init, n))
     expected = on_host(jax.value_and_grad(reference))(W, n, *args)
     assert tree_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def _read_ahead_expected(r, w, k, read_first, steps=6) -> bool:
+    """Whether a read at `c + r` sees a location that an unconditional write at
+    `c + w` makes later (a later step, or later in the same step), the counter
+    `c` advancing by `k`: simulated on Python integers."""
+    reads, writes = [], []  # (location, when), `when` ordering within a step
+    for t in range(steps):
+        c = 10 + k * t
+        reads.append((c + r, 2 * t + (0 if read_first else 1)))
+        writes.append((c + w, 2 * t + (1 if read_first else 0)))
+    return any(lw == lr and tw > tr for lr, tr in reads for lw, tw in writes)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
+    r=st.integers(-3, 8),
+    w=st.integers(-2, 2),
+    k=st.sampled_from([-2, -1, 1, 2]),
+    read_first=st.booleans(),
+    conditional=st.booleans(),
+)
+def test_the_read_ahead_warning_fires_exactly_when_a_later_write_lands(
+    r, w, k, read_first, conditional
+):
+    """The class: constant offsets of reads and writes from a counter of any
+    constant stride, the read before or after the write, the write with or
+    without a `pred`. Tracing warns exactly where a simulation on integers finds
+    a later write at the location read within `max_steps` steps (never for a
+    conditional write)."""
+
+    def body(c):
+        x, ys, i = c
+        if read_first:
+            x = jnp.tanh(W @ x) * (1 + ys[i + r])
+        ys = ys.at[i + w].set(x, pred=True if conditional else None)
+        if not read_first:
+            x = x * (1 + ys[i + r])
+        return x, ys, i + k
+
+    init = (X0, jnp.zeros((40, 3)), 10)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        jax.eval_shape(
+            lambda: bl.while_loop(
+                lambda c: c[2] < 100, body, init, max_steps=6, buffers=lambda c: c[1]
+            )
+        )
+    warned = any(AHEAD in str(m.message) for m in caught)
+    assert warned == (not conditional and _read_ahead_expected(r, w, k, read_first))

@@ -6,8 +6,8 @@ step writes makes the gradient wrong wherever the value read matters. Whether it
 matters is known only at run time (`bl.buffer_checks`); that a later step writes it
 is often clear from the body alone: the read is at `i + r` and an unconditional
 write at `i + w`, for a carry leaf `i` that every step advances by `k`, with
-`(r - w) / k` a whole number of steps ahead (or the same step, the read before the
-write). `warn_reads_ahead` looks for that in the traced body's jaxpr and warns: the
+`(r - w) / k` a whole number of steps ahead, fewer than `max_steps` (or the same
+step, the read before the write). `warn_reads_ahead` looks for that in the traced body's jaxpr and warns: the
 value read may yet be dropped (`jnp.where`), so it is not an error.
 """
 
@@ -94,6 +94,8 @@ def warn_reads_ahead(loop, names, max_steps: int | None, name: str):
             steps, rest = divmod(r[1] - w[1], moves[r[0]])
             if rest or steps < 0 or (steps == 0 and read.version > write.version):
                 continue
+            if max_steps is not None and steps >= max_steps:
+                continue  # the loop stops before the write lands
             when = f"{steps} step{'s' * (steps != 1)} later" if steps else "later"
             warnings.warn(
                 f"`{name}`: `body_fun` at {read.where} reads the buffer "
