@@ -68,6 +68,8 @@ def warn_reads_ahead(loop, names, max_steps: int | None, name: str):
     if not moves:
         return
     sites = loop.layout.sites
+    # a buffer handed to an inner loop is differentiated as a whole array
+    handed = {s.leaf for s in sites if s.kind == "hand"}
     reads = [s for s in sites if s.kind == "read"]
     writes = [s for s in sites if s.kind == "write"]
 
@@ -87,6 +89,7 @@ def warn_reads_ahead(loop, names, max_steps: int | None, name: str):
                 or w is None
                 or r[0] != w[0]
                 or read.leaf != write.leaf
+                or read.leaf in handed
                 or read.pattern != write.pattern
                 or not write.unconditional
             ):
