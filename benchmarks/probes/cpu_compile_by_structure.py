@@ -3,19 +3,26 @@
 a trivial step `x * W[0, 0]`, against `lax.scan` over the 256 steps; and, with the
 trivial step, at 2, 16 and 1024 checkpoints (1024: every step stored, nothing
 recomputed), gradient and forward. Medians of 5 compiles, each after
-`jax.clear_caches()`; the number of while loops in the optimized program.
+`jax.clear_caches()`; the number of while loops in the optimized program. With
+`--split-table`, also the 16-checkpoint gradients (paired, alternating) with the reverse sweep's split
+(`_recompute.split_rule`, computed in the program from a binomial table) replaced by
+a lookup in a table of every split computed on the host: what the split costs.
 
-    python benchmarks/probes/cpu_compile_by_structure.py
+    python benchmarks/probes/cpu_compile_by_structure.py [--split-table]
 """
 
 import statistics
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 import boundedloop as bl
+from boundedloop._sweeps import _recompute
+from boundedloop._sweeps._schedule import revolve_split
 
 
 D, N, MAX = 64, 256, 1024
@@ -80,5 +87,49 @@ def main():
         print(f"| {label}, {what} | {seconds:.3f} | {loops} |")
 
 
+def host_split_rule(slots: int, max_length: int, in_order: bool = False):
+    """`_recompute.split_rule`, as a lookup in a host-computed table of every split
+    of a segment up to `MAX` steps long (enough for this probe's loops)."""
+    del max_length, in_order
+    slots = min(slots, _recompute.SPLIT_SLOTS)
+    rows = [
+        [revolve_split(n, max(k, 1)) for n in range(MAX + 1)] for k in range(slots + 1)
+    ]
+    table = jnp.asarray(np.array(rows, np.int32))
+
+    def split(length, k):
+        return table[jnp.clip(k, 1, slots), jnp.clip(length, 0, MAX)]
+
+    return split
+
+
+def split_table(pairs=9):
+    """Each gradient compiled with the two rules alternately, `pairs` times; the
+    medians, and the median of the per-pair ratios (host table over in-program)."""
+    print(
+        "| gradient, 16 checkpoints | split in the program (s) | "
+        "split from a host table (s) | ratio, median of pairs |"
+    )
+    print("|---|---:|---:|---:|")
+    for name, step in STEPS.items():
+        times = {_recompute.split_rule: [], host_split_rule: []}
+        for _ in range(pairs):
+            for rule in times:
+                in_program, _recompute.split_rule = _recompute.split_rule, rule
+                try:
+                    times[rule].append(compile_seconds(jax.grad(ours(step, 16)), 1)[0])
+                finally:
+                    _recompute.split_rule = in_program
+        ours_s, table_s = times.values()
+        ratio = statistics.median(t / o for t, o in zip(table_s, ours_s))
+        print(
+            f"| {name} | {statistics.median(ours_s):.3f} | "
+            f"{statistics.median(table_s):.3f} | {ratio:.3f} |"
+        )
+
+
 if __name__ == "__main__":
     main()
+    if "--split-table" in sys.argv:
+        print()
+        split_table()
