@@ -108,7 +108,6 @@ class Recompute(NamedTuple):
 
     i: Int[Array, ""]
     end: Int[Array, ""]
-    target: Int[Array, ""]  # where the schedule stores the next checkpoint
     stack: Stack
     x: Any  # `x_i`
 
@@ -173,9 +172,11 @@ def advance(sw: Sweep, i, stop, x):
     return varying_while_loop(lambda s: s[0] < stop, step, (i, x))
 
 
-def next_target(sw: Sweep, i, end, depth):
+def next_target(sw: Sweep, state: "Recompute"):
     """Where the binomial schedule stores the next checkpoint, or `end - 1`."""
-    target = i + jnp.maximum(sw.split(end - i, sw.slots - (depth - 1)), 1)
+    i, end = state.i, state.end
+    free = sw.slots - (state.stack.depth - 1)
+    target = i + jnp.maximum(sw.split(end - i, free), 1)
     return jnp.minimum(target, end - 1)
 
 
@@ -186,16 +187,10 @@ def all_stored(sw: Sweep, state: Recompute):
     return state.end - state.i <= free + 1
 
 
-def store_next(sw: Sweep, state: Recompute) -> Recompute:
-    """Advance to the next store event (before `end - 1`) and store there."""
-    i, x = advance(sw, state.i, state.target, state.x)
-    return push(sw, state._replace(i=i, x=x))
-
-
 def store_next_or_end(sw: Sweep, state: Recompute) -> Recompute:
-    """`store_next`; or, when the next store event is not before `end - 1`, advance
-    to `end - 1` and store nothing."""
-    i, x = advance(sw, state.i, jnp.minimum(state.target, state.end - 1), state.x)
+    """Advance to the next store event and store there; or, when the next store
+    event is not before `end - 1`, advance to `end - 1` and store nothing."""
+    i, x = advance(sw, state.i, next_target(sw, state), state.x)
     return push(sw, state._replace(i=i, x=x), when=i < state.end - 1)
 
 
@@ -203,25 +198,18 @@ def store_step(sw: Sweep, state: Recompute) -> Recompute:
     """One forward step, storing its result (the schedule stores every step
     from here on, so no next store event is looked up)."""
     x = forward(sw, state.i, state.x)
-    return push(sw, state._replace(i=state.i + 1, x=x), find_target=False)
+    return push(sw, state._replace(i=state.i + 1, x=x))
 
 
-def push(sw: Sweep, state: Recompute, find_target: bool = True, when=True) -> Recompute:
-    """Store `x_i` on top of the stack and find the next store event, where `when`
-    (a scalar) is true."""
+def push(sw: Sweep, state: Recompute, when=True) -> Recompute:
+    """Store `x_i` on top of the stack where `when` (a scalar) is true."""
     depth, order_pos, storage = state.stack
     free = jnp.minimum(depth, sw.slots - 1)
     storage = _checkpoint_store.store(storage, sw.order[free], state.x, when)
     i = state.i if when is True else jnp.where(when, state.i, order_pos[free])
     order_pos = order_pos.at[free].set(i)
     grown = depth + (1 if when is True else jnp.asarray(when).astype(jnp.int32))
-    stack = Stack(grown, order_pos, storage)
-    if find_target:
-        target = next_target(sw, state.i, state.end, depth + 1)
-        if when is not True:
-            target = jnp.where(when, target, state.target)
-        state = state._replace(target=target)
-    return state._replace(stack=stack)
+    return state._replace(stack=Stack(grown, order_pos, storage))
 
 
 @jax.named_scope("boundedloop_recompute")
@@ -239,15 +227,12 @@ def recompute(sw: Sweep, end, stack: Stack) -> Recompute:
     top = jnp.maximum(stack.depth - 1, 0)
     i = stack.order_pos[top]
     x = _checkpoint_store.load(stack.storage, sw.order[top])
-    state = Recompute(i, end, next_target(sw, i, end, top + 1), stack, x)
+    state = Recompute(i, end, stack, x)
+    store_next_or_end_ = functools.partial(store_next_or_end, sw)
     if not sw.cheap_steps:
-        return varying_while_loop(
-            lambda s: s.i < s.end - 1, functools.partial(store_next_or_end, sw), state
-        )
+        return varying_while_loop(lambda s: s.i < s.end - 1, store_next_or_end_, state)
     state = varying_while_loop(
-        lambda s: (s.target < s.end - 1) & ~all_stored(sw, s),
-        functools.partial(store_next, sw),
-        state,
+        lambda s: (s.i < s.end - 1) & ~all_stored(sw, s), store_next_or_end_, state
     )
     state = varying_while_loop(
         lambda s: (s.i < s.end - 2) & all_stored(sw, s),
