@@ -48,15 +48,18 @@ def plain_recompute(sweep, end, stack):
     return RECOMPUTE(sweep._replace(cheap_steps=False), end, stack)
 
 
-def headline(kind: str, batch: int = 512, width: int = 4096):
+def headline(kind: str, batch: int = 512, width: int = 4096, n=256, max_steps=1024):
     """The headline's gradient (`headline.py`'s loss), `kind` of loop, and its
     arguments."""
     import headline
 
     loss = headline.loss_fn(
-        "equinox" if kind == "equinox" else "boundedloop", 256, 1024, 16
+        "equinox" if kind == "equinox" else "boundedloop", n, max_steps, 16
     )
-    return jax.jit(jax.grad(loss)), (*headline.workload(batch, width), 256)
+    return jax.jit(jax.grad(loss)), (*headline.workload(batch, width), n)
+
+
+headline_long = functools.partial(headline, n=2048, max_steps=4096)
 
 
 def neural(kind: str):
@@ -71,6 +74,7 @@ def neural(kind: str):
 
 WORKLOADS = {
     "headline": (headline, ["nested", "reverse_only", "plain", "equinox"]),
+    "headline_long": (headline_long, ["nested", "plain"]),
     "neural": (neural, ["nested", "plain"]),
 }
 
@@ -141,6 +145,7 @@ def main():
     parser.add_argument("--batch", type=int, default=512, help="the headline's B")
     parser.add_argument("--width", type=int, default=4096, help="the headline's D")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--variant", default=None, help="what tree this run measures")
     args = parser.parse_args()
     platform = jax.default_backend()
     out = pathlib.Path(
@@ -150,11 +155,13 @@ def main():
     run = dict(platform=platform, device=str(jax.devices()[0]), jax=jax.__version__)
     run.update(repeats=args.repeats, rounds=args.rounds, workloads={})
     run.update(batch=args.batch, width=args.width)
+    if args.variant:
+        run.update(variant=args.variant)
     for name in args.workloads:
         kinds = [k for k in WORKLOADS[name][1] if k in (args.kinds or LABELS)]
         make = WORKLOADS[name][0]
-        if name == "headline":
-            make = functools.partial(headline, batch=args.batch, width=args.width)
+        if name.startswith("headline"):
+            make = functools.partial(make, batch=args.batch, width=args.width)
         run["workloads"][name] = measure(make, kinds, args.repeats, args.rounds)
         print(name, json.dumps(run["workloads"][name]), flush=True)
     results["runs"].append(run)
