@@ -157,6 +157,8 @@ def reverse_segment(sw: Sweep, state: ReverseState) -> ReverseState:
 
     at = at._replace(stack=None)
     carry = (state._replace(stack=at_stack), jnp.array(True), at)
+    if not sw.cheap_steps:  # one step per iteration of the sweep
+        return reverse_and_pop(carry)[0]
     state, *_ = varying_while_loop(more, reverse_and_pop, carry)
     return state
 
