@@ -135,12 +135,12 @@ def compiled_stores(slots, n):
 
         first = rule.initial()
         empty = jnp.full(n, -1, jnp.int32)
-        init = (0, first, 0, empty, jnp.zeros(n, jnp.int32))
+        init = (rule.first_stop(first), first, 0, empty, jnp.zeros(n, jnp.int32))
         return lax.while_loop(lambda state: state[0] < n, event, init)[2:]
 
     events, steps, slot_ids = jax.jit(run)()
     pairs = zip(np.asarray(steps)[: int(events)], np.asarray(slot_ids))
-    return [(int(t), int(s)) for t, s in pairs if t >= 0]
+    return [(0, 0)] + [(int(t), int(s)) for t, s in pairs if t >= 0]
 
 
 @pytest.mark.parametrize(

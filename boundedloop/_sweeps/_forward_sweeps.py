@@ -99,18 +99,31 @@ class _Stores(NamedTuple):
     stop: Int[Array, ""]  # the step of the next store event
 
 
-def _store_event(rule, t, x, stores: _Stores) -> _Stores:
-    """At a store event (the loop goes on from `x_t`): store `x_t` if the rule
-    says so, and find the next event."""
+def _first_store(rule, x0, stores: _Stores) -> _Stores:
+    """`stores` holding `x_0` in slot 0, even if the loop takes no step (the
+    reverse sweep then reads nothing), and the rule's first event."""
+    state = rule.initial()
+    return stores._replace(
+        storage=_checkpoint_store.store(stores.storage, 0, x0),
+        positions=stores.positions.at[0].set(0),
+        rule=state,
+        stop=rule.first_stop(state),
+    )
+
+
+def _store_event(rule, t, x, stores: _Stores, going) -> _Stores:
+    """After a run of steps that may have ended the loop: store `x_t` if the rule
+    says so and the loop goes on from it, and find the next event."""
     decision = rule.decide(t, stores.rule)
-    when, slot, positions = decision.store, decision.slot, stores.positions
-    if when is not True:
-        # a slot in use is counted once, after the loop: a second read of
-        # `positions` here made XLA copy it at every store event
-        t = jnp.where(when, t, positions[slot])
+    when = jnp.logical_and(decision.store, going)
+    slot, positions = decision.slot, stores.positions
     return _Stores(
         storage=_checkpoint_store.store(stores.storage, slot, x, when),
-        positions=positions.at[slot].set(t),
+        # a slot in use is counted once, after the loop: a second read of
+        # `positions` here made XLA copy it at every store event, and the loop too
+        # large for XLA's CPU backend to compile it into one kernel (2.9x slower
+        # per step on a one-element state at 37 checkpoints)
+        positions=positions.at[slot].set(jnp.where(when, t, positions[slot])),
         rule=decision.state,
         stop=decision.stop,
     )
@@ -119,7 +132,7 @@ def _store_event(rule, t, x, stores: _Stores) -> _Stores:
 def _initial_stores(
     loop: TracedLoop, slots: int, perturbed=None, in_order: bool = False
 ) -> _Stores:
-    """Empty storage, and the rule's first event at step 0 (`x_0`'s store)."""
+    """Empty storage; the rule's state comes with the first store."""
     return _Stores(
         _checkpoint_store.empty(loop.init, slots, perturbed, in_order),
         jnp.full((slots,), _checkpoint_store.UNUSED, jnp.int32),
@@ -185,15 +198,14 @@ def checkpointed_sweep(loop: TracedLoop, config: LoopConfig, perturbed=None):
             storage=_checkpoint_store.store(stores.storage, t, x)
         )
 
-    def store_then_steps(state):
-        # the loop goes on from `x_t`, a store event; then the steps up to the
-        # next, carrying nothing else
+    def steps_then_store(state):
+        # the steps up to the next store event, carrying nothing else; the store
+        # comes after them so that the inner loop takes the carry as it is
         stepping, stores = state
-        stores = _store_event(rule, *stepping[:2], stores)
         stepping = varying_while_loop(
             lambda s: jnp.logical_and(s[0] < stores.stop, going(s)), step, stepping
         )
-        return stepping, stores
+        return stepping, _store_event(rule, *stepping[:2], stores, going(stepping))
 
     zero = jnp.array(0, jnp.int32)
     stepping = (zero, loop.init, loop.bufs, zero)
@@ -201,8 +213,8 @@ def checkpointed_sweep(loop: TracedLoop, config: LoopConfig, perturbed=None):
     if rule is None:
         outer = store_every_step
     else:
-        outer = store_then_steps
-        stores = stores._replace(rule=rule.initial())
+        outer = steps_then_store
+        stores = _first_store(rule, loop.init, stores)
     stepping, stores = varying_while_loop(
         lambda state: going(state[0]), outer, (stepping, stores)
     )

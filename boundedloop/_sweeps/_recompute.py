@@ -217,13 +217,14 @@ def recompute(sw: Sweep, end, stack: Stack) -> Recompute:
     """Advance from the top checkpoint to step `end - 1`, storing the
     checkpoints the binomial schedule places on the way (forward steps only).
 
-    Store events while the schedule skips steps, each a tight loop of forward
-    steps, so its arithmetic runs once per stored checkpoint; the last advances to
-    `end - 1` and stores nothing, so that one loop (one copy of the step for XLA
-    to compile) does both. With cheap steps (`_cost_model.is_cheap`), once the rest of
-    the segment fits the free slots, a loop of a step and a store per iteration
-    takes over, and the steps to `end - 1` run in a loop of their own: no store
-    is masked in a loop of cheap steps."""
+    A loop of store events, each a tight loop of forward steps to the next, so
+    the schedule's arithmetic runs once per stored checkpoint; where the next
+    event is not before `end - 1`, the iteration advances to `end - 1` and its
+    store is masked, so that one loop (one copy of the step for XLA to compile)
+    does both. With cheap steps (`_cost_model.is_cheap`), once the rest of the
+    segment fits the free slots, a loop of a step and a store per iteration
+    takes over (no inner loop per store), and the last step to `end - 1` runs
+    in a loop of its own."""
     top = jnp.maximum(stack.depth - 1, 0)
     i = stack.order_pos[top]
     x = _checkpoint_store.load(stack.storage, sw.order[top])

@@ -37,7 +37,7 @@ from ._schedule import (
 class Decision(NamedTuple):
     """What a store event does."""
 
-    store: Bool[Array, ""] | bool  # store the current state
+    store: Bool[Array, ""]  # store the current state
     slot: Int[Array, ""]  # ... in this slot
     state: object  # the rule's state after the event
     stop: Int[Array, ""]  # the step of the next event
@@ -78,13 +78,15 @@ class OnlineRule:
         self.slots = slots
 
     def initial(self) -> OnlineState:
-        """The state before the first event: as if the free slots were filled
-        (the first `slots` events, `x_0`'s included, fill them without reading
-        it)."""
+        """The state after `x_0` is stored: as if the free slots were filled (the
+        first events fill them without reading it)."""
         ramp = jnp.arange(self.slots, dtype=jnp.int32)
         bands = [1] * (self.slots + 1)
         grown = jnp.asarray(grown_bands(bands), jnp.int32)
         return OnlineState((ramp, ramp), jnp.asarray(bands, jnp.int32), grown)
+
+    def first_stop(self, state: OnlineState) -> Int[Array, ""]:
+        return jnp.array(1, jnp.int32)
 
     def decide(self, t: Int[Array, ""], state: OnlineState) -> Decision:
         """The event at step `t` (after the previous event's `stop`)."""
@@ -196,13 +198,17 @@ class TableRule:
         self.slot_ids = jnp.asarray(np.append(slot_ids, 0), jnp.int32)
 
     def initial(self) -> Int[Array, ""]:
-        """The cursor: the table's next entry, `x_0`'s."""
-        return jnp.array(0, jnp.int32)
+        """The cursor: the table's next entry, after `x_0`'s."""
+        return jnp.array(1, jnp.int32)
+
+    def first_stop(self, cursor: Int[Array, ""]) -> Int[Array, ""]:
+        return self.steps[cursor]
 
     def decide(self, t: Int[Array, ""], cursor: Int[Array, ""]) -> Decision:
-        # events come at the table's steps (`t == steps[cursor]`), so each stores
-        slot, cursor = self.slot_ids[cursor], cursor + 1
-        return Decision(True, slot, cursor, self.steps[cursor])
+        store = t == self.steps[cursor]
+        slot = self.slot_ids[cursor]
+        cursor = cursor + store.astype(jnp.int32)
+        return Decision(store, slot, cursor, jnp.maximum(self.steps[cursor], t + 1))
 
 
 # bounds up to this many steps replay a table (listing it takes 4 ms of Python at 16
