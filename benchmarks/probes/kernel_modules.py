@@ -16,7 +16,6 @@ lone scalar operations) are counted apart.
 
 import glob
 import os
-import pathlib
 import statistics
 import subprocess
 import sys
