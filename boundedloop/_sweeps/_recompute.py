@@ -203,8 +203,6 @@ def store_step(sw: Sweep, state: Recompute) -> Recompute:
 
 def push(sw: Sweep, state: Recompute, when=True) -> Recompute:
     """Store `x_i` on top of the stack where `when` (a scalar) is true."""
-    if when is not True:
-        return lax.cond(when, lambda s: push(sw, s), lambda s: s, state)
     depth, order_pos, storage = state.stack
     free = jnp.minimum(depth, sw.slots - 1)
     storage = _checkpoint_store.store(storage, sw.order[free], state.x, when)
