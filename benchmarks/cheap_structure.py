@@ -171,7 +171,7 @@ def main():
 # the structure `_cost_model.is_cheap` picks on a TPU: the headline's step has few
 # equations but `2**34` work (at least `HEAVY_WORK`), the neural ODE's many
 # equations on 64-element arrays
-TPU_PICKS = {"headline": "plain", "neural": "plain"}
+TPU_PICKS = {"headline": "plain", "headline_long": "plain", "neural": "plain"}
 LABELS = {
     "nested": "nested",
     "plain": "plain",
@@ -201,6 +201,8 @@ def structure_table(platform: str = "tpu") -> str:
     cells = []
     for workload in WORKLOADS:
         found = [r["workloads"][workload] for r in runs if workload in r["workloads"]]
+        if not found:  # a workload this results file has no run of
+            continue
         kinds = [k for k in LABELS if any(k in f for f in found)]
         pooled = {
             k: [c for f in found if k in f for c in f[k]["compiles"]] for k in kinds

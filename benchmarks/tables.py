@@ -62,6 +62,7 @@ GENERATORS = {
     "headline_tpu": made_by("headline", "headline_table"),
     "compile_tpu": made_by("headline", "compile_table"),
     "cheap_structure_tpu": made_by("cheap_structure", "structure_table"),
+    "enzyme_peer": made_by("enzyme_peer", "enzyme_table"),
     "diffrax_neural_tpu": made_by("diffrax_adjoint", "diffrax_table", "neural_tpu"),
 }
 
