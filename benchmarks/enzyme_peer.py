@@ -51,7 +51,7 @@ def _counter_loop(w, x0, n):
     return lax.while_loop(lambda c: c[0] < n, body, (jnp.int32(0), x0))[1]
 
 
-def _enzyme_loss():
+def enzyme_loss():
     """The loss through Enzyme's checkpointed counter loop, or None without
     `enzyme_ad`."""
     try:
@@ -92,7 +92,7 @@ def _enzyme_loss():
 def _loss(kind: str):
     """`(W, x0, n) -> sum(x_n)` through the loop `kind`."""
     if kind == "Enzyme-JAX":
-        return _enzyme_loss()
+        return enzyme_loss()
 
     def loss(w, x0, n):
         def body(c):
@@ -126,7 +126,8 @@ KINDS = ["boundedloop", "Enzyme-JAX", "equinox", "lax.scan"]
 
 def measure(rounds: int, compiles: int) -> dict:
     args = arguments()
-    grads = {k: jax.grad(_loss(k)) for k in KINDS if _loss(k) is not None}
+    losses = {k: _loss(k) for k in KINDS}
+    grads = {k: jax.grad(loss) for k, loss in losses.items() if loss is not None}
     reference = jax.jit(grads["lax.scan"])(*args)
     lower, compile_, exes = {k: [] for k in grads}, {k: [] for k in grads}, {}
     for r in range(compiles + 1):  # the first is a warm-up

@@ -3,8 +3,8 @@ gradient of `cpu_kernels.py`'s workload (a 64-element `tanh(W @ x + b)`, n=256 o
 max_steps=1024, 16 checkpoints) through ours, with the reverse sweep nested (what
 this cheap step gets) and plain (what a costly step gets), through `lax.scan` over
 the 256 steps, and through Enzyme-JAX's binomial checkpointing of the same loop
-written as a counter loop (`enzyme_ad`, when installed; set up as
-`../shared/peers/enzyme.md` says). For each: XLA compile (the median of 7, each
+written as a counter loop (`enzyme_ad`, when installed; set up by
+`benchmarks/enzyme_peer.py`). For each: XLA compile (the median of 7, each
 after `jax.clear_caches()`, the programs interleaved), while loops, fusions, and the
 kernel modules XLA compiles to machine code, counted in a dump of the compile
 (`--xla_dump_to`, in a subprocess): one per distinct fused computation, with
@@ -23,56 +23,16 @@ import tempfile
 import time
 
 import jax
-import jax.numpy as jnp
-from cpu_kernels import ARGS, B, N, ours, scan
-from jax import lax
+from cpu_kernels import ARGS, N, ours, scan
 
 from boundedloop._sweeps import _cost_model
 
 
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import enzyme_peer  # noqa: E402  (benchmarks/, where the set-up lives)
+
+
 KINDS = ["ours, nested", "ours, plain", "lax.scan", "Enzyme-JAX"]
-
-
-def enzyme(slots: int = 16):
-    """The loss through Enzyme's checkpointed loop, or None without `enzyme_ad`."""
-    try:
-        from enzyme_ad.jax import hlo_call
-    except ImportError:
-        return None
-    from jax.interpreters import mlir
-    from jaxlib.mlir import ir
-
-    def counter_loop(w, x0, n):
-        def body(c):
-            return c[0] + 1, jnp.tanh(w @ c[1] + B)
-
-        return lax.while_loop(lambda c: c[0] < n, body, (jnp.int32(0), x0))[1]
-
-    with mlir.make_ir_context():
-        module = ir.Module.parse(jax.jit(counter_loop).lower(*ARGS).as_text())
-        loops = []
-
-        def walk(op):
-            for region in op.regions:
-                for block in region.blocks:
-                    for inner in block.operations:
-                        if inner.operation.name == "stablehlo.while":
-                            loops.append(inner.operation)
-                        walk(inner.operation)
-
-        walk(module.operation)
-        (loop,) = loops
-        loop.attributes["enzyme.enable_checkpointing"] = ir.BoolAttr.get(True)
-        loop.attributes["enzyme.binomial_checkpointing"] = ir.UnitAttr.get()
-        i64 = ir.IntegerType.get_signless(64)
-        loop.attributes["enzyme.checkpoint_period"] = ir.IntegerAttr.get(i64, slots)
-        source = str(module)
-
-    def loss(w, x0, n):
-        out = hlo_call(w, x0, n, source=source, passes="lower-enzymexla-math")
-        return jnp.sum(out[0] if isinstance(out, (tuple, list)) else out)
-
-    return loss
 
 
 def gradient(kind: str):
@@ -80,7 +40,7 @@ def gradient(kind: str):
     if kind == "lax.scan":
         return jax.grad(scan)
     if kind == "Enzyme-JAX":
-        loss = enzyme()
+        loss = enzyme_peer.enzyme_loss()  # the same workload, the same arguments
         return None if loss is None else jax.grad(loss)
     return jax.grad(ours)
 

@@ -172,7 +172,7 @@ def advance(sw: Sweep, i, stop, x):
     return varying_while_loop(lambda s: s[0] < stop, step, (i, x))
 
 
-def next_target(sw: Sweep, state: "Recompute"):
+def next_target(sw: Sweep, state: Recompute):
     """Where the binomial schedule stores the next checkpoint, or `end - 1`."""
     i, end = state.i, state.end
     free = sw.slots - (state.stack.depth - 1)
