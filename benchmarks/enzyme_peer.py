@@ -11,7 +11,7 @@ Enzyme's checkpointing has no Python switch in 0.0.16: the counter loop
 `lax.while_loop(i < n, ...)` is lowered, three attributes are set on its
 `stablehlo.while` (`enzyme.enable_checkpointing`, `enzyme.binomial_checkpointing`,
 `enzyme.checkpoint_period` = 16) and the edited module runs through
-`enzyme_ad.jax.hlo_call`. Its limits, seen here: the loop must count to a limit (a
+`enzyme_ad.jax.hlo_call`. Its limits in 0.0.16: the loop must count to a limit (a
 traced limit is fine; a stop on the data fails to compile), and `vmap` has no
 batching rule. Per gradient: time (medians of interleaved rounds after warm-up),
 compiled temporary memory, lowering (trace included) and XLA compile time (medians
