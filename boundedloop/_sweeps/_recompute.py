@@ -172,19 +172,23 @@ def advance(sw: Sweep, i, stop, x):
     return varying_while_loop(lambda s: s[0] < stop, step, (i, x))
 
 
+def segment_slots(sw: Sweep, state: Recompute):
+    """The slots the top segment may use, its own start's included."""
+    return sw.slots - (state.stack.depth - 1)
+
+
 def next_target(sw: Sweep, state: Recompute):
     """Where the binomial schedule stores the next checkpoint, or `end - 1`."""
-    i, end = state.i, state.end
-    free = sw.slots - (state.stack.depth - 1)
-    target = i + jnp.maximum(sw.split(end - i, free), 1)
+    i, end, slots = state.i, state.end, segment_slots(sw, state)
+    target = i + jnp.maximum(sw.split(end - i, slots), 1)
     return jnp.minimum(target, end - 1)
 
 
 def all_stored(sw: Sweep, state: Recompute):
     """Whether the rest of the segment, `[i, end)`, fits its free slots: then
     the binomial schedule stores every step of it (repetition number 1)."""
-    free = sw.slots - (state.stack.depth - 1)
-    return state.end - state.i <= free + 1
+    slots = segment_slots(sw, state)
+    return state.end - state.i <= slots + 1
 
 
 def store_next_or_end(sw: Sweep, state: Recompute) -> Recompute:
