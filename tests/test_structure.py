@@ -206,14 +206,17 @@ def test_compiled_choice_matches_the_schedule_at_any_position(slots):
 
 
 @pytest.mark.parametrize("slots", [2, 3, 8])
-@pytest.mark.parametrize("in_order", [False, True])
-def test_in_graph_split_matches_the_schedule(slots, in_order):
-    """The reverse sweep's compiled split, from its table or by its loop, equals
-    `revolve_split` for every slot count and lengths up to and beyond the table's
-    planning horizon (the loop's goes to `IN_ORDER_STEPS`)."""
-    split = split_rule(slots, 2**14, in_order)
+@pytest.mark.parametrize(
+    "form, max_steps, in_order",
+    [("splits listed", 1000, False), ("binomials", None, False), ("loop", 1000, True)],
+)
+def test_in_graph_split_matches_the_schedule(slots, form, max_steps, in_order):
+    """The reverse sweep's compiled split, listed for a bounded loop, computed from
+    binomials or by a loop, equals `revolve_split` for every slot count and
+    segment length the loop can have (the loop's up to `IN_ORDER_STEPS`)."""
+    split = split_rule(slots, max_steps, in_order)
     split = jax.jit(jax.vmap(split, in_axes=(0, None)))
-    top = IN_ORDER_STEPS if in_order else 2**15
+    top = {"splits listed": max_steps, "binomials": 2**15}.get(form, IN_ORDER_STEPS)
     lengths = np.concatenate(
         [np.arange(0, 600), np.random.default_rng(0).integers(600, top + 1, 300)]
     )

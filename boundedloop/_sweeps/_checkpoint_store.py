@@ -100,12 +100,22 @@ def load(storage: Storage, slot):
     return jtu.tree_unflatten(storage.treedef, leaves)
 
 
+def set_where(rows: Array, index, value, when=True) -> Array:
+    """`rows` with row `index` set to `value` where `when` (a scalar) is true.
+
+    A masked write goes to an index past the end, which the update drops: XLA
+    then fuses the choice into the in-place write, where selecting between the
+    new row and a read of the old one is a kernel of its own."""
+    if when is True:
+        return lax.dynamic_update_index_in_dim(rows, value, index, 0)
+    index = jnp.where(when, index, rows.shape[0])
+    return rows.at[index].set(value, mode="drop")
+
+
 def _write(s, x, slot, when):
-    if when is not True:
-        x = jnp.where(when, x, lax.dynamic_index_in_dim(s, slot, keepdims=False))
     if not is_extended(s.dtype):
         x = x.astype(s.dtype)
-    return lax.dynamic_update_index_in_dim(s, x, slot, 0)
+    return set_where(s, slot, x, when)
 
 
 def store(storage: Storage, slot, carry, when=True) -> Storage:

@@ -30,24 +30,45 @@ from . import _checkpoint_store, _cost_model
 from ._checkpoint_store import CheckpointStore
 from ._schedule import binomial_table
 from ._step import ReversibleStep
+from ._store_rules import TABLE_STEPS
 
 
 SPLIT_SLOTS = 256
 # segments up to this long are split exactly (longer ones validly, as if this long)
 SPLIT_LENGTH = 2**17
+# a loop bounded by at most `TABLE_STEPS` steps reads its splits from a table of all
+# of them, of at most this many entries (4 MB)
+HOST_SPLITS = 2**20
 
 
-def split_rule(slots: int, max_length: int, in_order: bool = False) -> Callable:
-    """`split(length, k)` in-graph: as `_schedule.revolve_split`, from a table; or,
-    `in_order` (segments up to `_cost_model.IN_ORDER_STEPS` long, see
-    `_cost_model.runs_in_order`), by a loop over the repetition number, which keeps
-    no array (the table is one large array)."""
+def split_rule(slots: int, max_steps: int | None, in_order: bool = False) -> Callable:
+    """`split(length, k)` in-graph, as `_schedule.revolve_split`, for the segments of
+    a loop bounded by `max_steps` (or unbounded: `None`):
+
+    - `in_order` (see `_cost_model.runs_in_order`; segments up to
+      `_cost_model.IN_ORDER_STEPS` long): by a loop over the repetition number,
+      which keeps no array (a table is one large array);
+    - for a loop bounded by at most `TABLE_STEPS` steps: read from a table of every
+      split, listed while tracing (one lookup, where computing the split takes
+      several kernels for XLA to compile);
+    - otherwise: computed from a table of binomial coefficients.
+    """
     # the table is a constant of the program: past `SPLIT_SLOTS` slots the split is
     # planned as if there were `SPLIT_SLOTS` (a valid schedule, using fewer slots)
     slots = min(slots, SPLIT_SLOTS)
     if in_order:
         return functools.partial(_split_in_order, slots)
-    table = binomial_table(slots, max_length)
+    bounded = max_steps is not None and max_steps <= TABLE_STEPS
+    if bounded and (slots + 1) * (max_steps + 1) <= HOST_SPLITS:
+        splits = jnp.asarray(_all_splits(slots, max_steps))
+
+        def lookup(length, k):
+            k = jnp.clip(k, 1, slots)
+            length = jnp.clip(length, 0, max_steps)
+            return splits.at[k, length].get(mode="promise_in_bounds")
+
+        return lookup
+    table = binomial_table(slots, SPLIT_LENGTH)
     table = jnp.asarray(np.minimum(table, np.iinfo(np.int32).max), jnp.int32)
     last = table.shape[1] - 1
 
@@ -65,6 +86,20 @@ def split_rule(slots: int, max_length: int, in_order: bool = False) -> Callable:
         return jnp.where(length <= 1, 0, out).astype(jnp.int32)
 
     return split
+
+
+@functools.cache
+def _all_splits(slots: int, max_length: int) -> np.ndarray:
+    """Every split `split_rule` looks up: `splits[k, l] = revolve_split(l, k)` for
+    `1 <= k <= slots` (row 0 as row 1) and `l <= max_length`, found as its computed
+    form finds it (the first `r` with `C(k + r, k) >= l`), in NumPy."""
+    lengths = np.arange(max_length + 1, dtype=np.int64)
+    table = binomial_table(slots, max_length).astype(np.int64)
+    rows = [np.maximum(lengths - 1, 0)] * 2  # no slot is as one: `l - 1`
+    for k in range(2, slots + 1):
+        r1 = np.maximum(np.searchsorted(table[k], lengths, side="left") - 1, 0)
+        rows.append(np.minimum(table[k, r1], lengths - table[k - 1, r1]))
+    return np.where(lengths <= 1, 0, np.stack(rows)).astype(np.int32)
 
 
 def _split_in_order(slots: int, length, k):
@@ -141,10 +176,8 @@ def make_sweep(
         tape,
         ct_final,
         config.checkpoints,
-        # the same for every `max_steps`: the split reads a row of the table, so a
-        # narrower one would make temporary memory depend on `max_steps`
         # (`in_order`: as the forward sweep decided, `_cost_model.runs_in_order`)
-        split_rule(config.checkpoints, SPLIT_LENGTH, tape.storage.in_order),
+        split_rule(config.checkpoints, config.max_steps, tape.storage.in_order),
         _cost_model.is_cheap(step.body),
         config.max_steps is not None and config.checkpoints >= config.max_steps,
         sorted_pos,
@@ -210,8 +243,7 @@ def push(sw: Sweep, state: Recompute, when=True) -> Recompute:
     depth, order_pos, storage = state.stack
     free = jnp.minimum(depth, sw.slots - 1)
     storage = _checkpoint_store.store(storage, sw.order[free], state.x, when)
-    i = state.i if when is True else jnp.where(when, state.i, order_pos[free])
-    order_pos = order_pos.at[free].set(i)
+    order_pos = _checkpoint_store.set_where(order_pos, free, state.i, when)
     grown = depth + (1 if when is True else jnp.asarray(when).astype(jnp.int32))
     return state._replace(stack=Stack(grown, order_pos, storage))
 

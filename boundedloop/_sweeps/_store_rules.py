@@ -208,7 +208,8 @@ class TableRule:
         store = t == self.steps[cursor]
         slot = self.slot_ids[cursor]
         cursor = cursor + store.astype(jnp.int32)
-        return Decision(store, slot, cursor, jnp.maximum(self.steps[cursor], t + 1))
+        # past `t`: `t` is at most the event's step, and the steps increase
+        return Decision(store, slot, cursor, self.steps[cursor])
 
 
 # bounds up to this many steps replay a table (listing it takes 4 ms of Python at 16
