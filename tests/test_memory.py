@@ -88,3 +88,45 @@ def test_100000_step_gradient():
     schedule's evaluations near the optimum up to 3 * 10**5 steps); the time is
     measured by `benchmarks/long_loop.py`."""
     long_gradient.run(100_000, 100_000)
+
+
+def test_a_leaf_the_loop_never_changes_is_stored_once():
+    """A carry leaf the body returns as it took it (here 4096 parameters carried
+    along and read by every step) is kept once, not once per checkpoint: the
+    gradient's compiled temporary memory is below two copies of it, where a row
+    per checkpoint would take 40 (every step of `max_steps=40`). Its gradient, and its second derivative (forward over reverse),
+    are those of `lax.scan` over the steps taken, at every checkpoint count."""
+
+    def loss(x, p, n, checkpoints):
+        def body(c):
+            x, p, i = c
+            return jnp.tanh(x * jnp.mean(p) + 0.1), p, i + 1
+
+        init = (x, p, jnp.array(0))
+        out = bl.while_loop(
+            lambda c: c[2] < n, body, init, max_steps=40, checkpoints=checkpoints
+        )
+        return jnp.sum(out[0] ** 2)
+
+    def scan_loss(x, p, n):
+        final, _ = lax.scan(
+            lambda x, _: (jnp.tanh(x * jnp.mean(p) + 0.1), None), x, length=n
+        )
+        return jnp.sum(final**2)
+
+    p = jnp.linspace(-1.0, 1.0, 4096)
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=3)
+    compiled = grad.lower(X, p, 0, 64).compile()
+    assert compiled.memory_analysis().temp_size_in_bytes < 2 * p.nbytes
+    small = p[:3]
+    for checkpoints in [1, 3, 64]:
+        for n in [0, 1, 17, 40]:
+            want = jax.grad(scan_loss, argnums=(0, 1))(X, small, n)
+            got = grad(X, small, n, checkpoints)
+            # float32, summed in other orders: entries near zero differ in ulps of
+            # the larger ones
+            close = [jnp.allclose(a, b, atol=1e-6) for a, b in zip(got, want)]
+            assert all(close), (checkpoints, n)
+    hessian = jax.hessian(loss, argnums=1)(X, small, 17, 3)
+    want = jax.hessian(scan_loss, argnums=1)(X, small, 17)
+    assert jnp.allclose(hessian, want, atol=1e-6)

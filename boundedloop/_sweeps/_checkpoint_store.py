@@ -25,25 +25,34 @@ UNUSED = jnp.iinfo(jnp.int32).max  # position of a slot that holds nothing
 class Storage(eqx.Module):
     """Rows of stored carries: one stacked array per carry leaf, except that integer
     and boolean scalar leaves sharing a dtype are packed into one stacked array (a
-    store writes each array once, so fewer arrays mean fewer writes per store)."""
+    store writes each array once, so fewer arrays mean fewer writes per store), and
+    that a leaf the loop never changes is kept once, as it is."""
 
-    arrays: tuple[Array | None, ...]  # per leaf: its stacked array, or None if packed
+    # per leaf: its stacked array, None if packed, or the leaf if it is invariant
+    arrays: tuple[Array | None, ...]
     # dtype name -> the `(slots, count)` array of the scalar leaves of that dtype
     packed: dict[str, Array]
     treedef: Any = eqx.field(static=True)
     columns: tuple = eqx.field(static=True)  # per leaf: `(dtype name, column)` or None
     # whether the sweeps keep every array small (`_cost_model.runs_in_order`): the
     # forward decides, and the reverse reads it here
-    in_order: bool = eqx.field(static=True, default=False)
+    in_order: bool = eqx.field(static=True)
+    # per leaf: whether the loop never changes it (its every row would be `carry`'s)
+    invariant: tuple[bool, ...] = eqx.field(static=True)
 
 
-def empty(carry, slots: int, perturbed=None, in_order: bool = False) -> Storage:
+def empty(
+    carry, slots: int, perturbed=None, in_order: bool = False, invariant=None
+) -> Storage:
     """Storage for `slots` copies of `carry` (a pytree of arrays), each row sharded
     (on a mesh with explicit axes) as the carry is. `perturbed`, one bool per leaf
     (or `None`: none known), keeps floating scalars that are perturbed apart from
     those that are not. `in_order` (see `_cost_model.runs_in_order`): no leaves are
-    packed, so each stacked array stays as small as its leaf allows."""
+    packed, so each stacked array stays as small as its leaf allows. `invariant`,
+    one bool per leaf (or `None`: none), the leaves the loop never changes: they
+    are kept once, as `carry` has them, and never written."""
     leaves, treedef = jtu.tree_flatten(carry)
+    invariant = (False,) * len(leaves) if invariant is None else tuple(invariant)
     # Extended dtypes (typed PRNG keys) are never packed: they cannot be stacked
     # with others, and NumPy cannot name them. Floating leaves are packed only with
     # leaves of the same perturbation: under forward over reverse (`jax.hessian`)
@@ -54,15 +63,15 @@ def empty(carry, slots: int, perturbed=None, in_order: bool = False) -> Storage:
     # and boolean leaves never have tangents.
     perturbed = (None,) * len(leaves) if perturbed is None else tuple(perturbed)
 
-    def pack_name(x, p):
-        if jnp.ndim(x) != 0 or is_extended(x.dtype):
+    def pack_name(x, p, fixed):
+        if fixed or jnp.ndim(x) != 0 or is_extended(x.dtype):
             return None
         name = jnp.dtype(x.dtype).name
         if not is_inexact(x):
             return name
         return None if p is None else f"{name}/{'perturbed' if p else 'fixed'}"
 
-    scalars = [pack_name(x, p) for x, p in zip(leaves, perturbed)]
+    scalars = list(map(pack_name, leaves, perturbed, invariant))
     # a dtype with one scalar keeps its own array: nothing to save by packing it
     names = [
         n if not in_order and n is not None and scalars.count(n) > 1 else None
@@ -73,16 +82,18 @@ def empty(carry, slots: int, perturbed=None, in_order: bool = False) -> Storage:
     ]
     counts = {n: names.count(n) for n in names if n is not None}
     arrays = tuple(
-        None
+        x
+        if fixed
+        else None
         if c is not None
         else jnp.broadcast_to(jnp.zeros_like(x)[None], (slots,) + x.shape)
-        for x, c in zip(leaves, columns)
+        for x, c, fixed in zip(leaves, columns, invariant)
     )
     packed = {
         name: jnp.zeros((slots, count), jnp.dtype(name.split("/")[0]))
         for name, count in counts.items()
     }
-    return Storage(arrays, packed, treedef, tuple(columns), in_order)
+    return Storage(arrays, packed, treedef, tuple(columns), in_order, invariant)
 
 
 def load(storage: Storage, slot):
@@ -92,10 +103,12 @@ def load(storage: Storage, slot):
         for name, p in storage.packed.items()
     }
     leaves = [
-        lax.dynamic_index_in_dim(a, slot, keepdims=False)
+        a
+        if fixed
+        else lax.dynamic_index_in_dim(a, slot, keepdims=False)
         if c is None
         else rows[c[0]][c[1]]
-        for a, c in zip(storage.arrays, storage.columns)
+        for a, c, fixed in zip(storage.arrays, storage.columns, storage.invariant)
     ]
     return jtu.tree_unflatten(storage.treedef, leaves)
 
@@ -122,8 +135,10 @@ def store(storage: Storage, slot, carry, when=True) -> Storage:
     """`storage` with row `slot` set to `carry` where `when` (a scalar) is true."""
     leaves = storage.treedef.flatten_up_to(carry)
     arrays = tuple(
-        a if c is not None else _write(a, x, slot, when)
-        for a, x, c in zip(storage.arrays, leaves, storage.columns)
+        a if c is not None or fixed else _write(a, x, slot, when)
+        for a, x, c, fixed in zip(
+            storage.arrays, leaves, storage.columns, storage.invariant
+        )
     )
     packed = {}
     for name, p in storage.packed.items():
@@ -131,7 +146,7 @@ def store(storage: Storage, slot, carry, when=True) -> Storage:
             x for x, c in zip(leaves, storage.columns) if c is not None and c[0] == name
         ]
         packed[name] = _write(p, jnp.stack(row), slot, when)
-    return Storage(arrays, packed, storage.treedef, storage.columns, storage.in_order)
+    return eqx.tree_at(lambda s: (s.arrays, s.packed), storage, (arrays, packed))
 
 
 class CheckpointStore(NamedTuple):

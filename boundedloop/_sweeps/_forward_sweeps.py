@@ -25,7 +25,7 @@ from .._runtime._shard_map import varying_while_loop
 from .._tracing._loop import LoopConfig, TracedLoop
 from . import _checkpoint_store, _cost_model
 from ._checkpoint_store import CheckpointStore
-from ._step import advance
+from ._step import advance, invariant_leaves
 from ._store_rules import store_rule
 
 
@@ -133,8 +133,9 @@ def _initial_stores(
     loop: TracedLoop, slots: int, perturbed=None, in_order: bool = False
 ) -> _Stores:
     """Empty storage; the rule's state comes with the first store."""
+    invariant = invariant_leaves(loop.body, len(loop.init))
     return _Stores(
-        _checkpoint_store.empty(loop.init, slots, perturbed, in_order),
+        _checkpoint_store.empty(loop.init, slots, perturbed, in_order, invariant),
         jnp.full((slots,), _checkpoint_store.UNUSED, jnp.int32),
         None,
         jnp.array(0, jnp.int32),

@@ -32,6 +32,15 @@ def unread_leaves(body: ClosureConverted, n_x: int) -> tuple[bool, ...]:
     return tuple(not u for u in used[n_consts : n_consts + n_x])
 
 
+def invariant_leaves(body: ClosureConverted, n_x: int) -> tuple[bool, ...]:
+    """Per ordinary carry leaf, whether the body returns it as it took it (a bound
+    or a parameter carried along): every state of the loop holds its initial
+    value, so no checkpoint need store it. (The body's inputs and outputs begin
+    with the ordinary leaves.)"""
+    ins, outs = body.jaxpr.invars[:n_x], body.jaxpr.outvars[:n_x]
+    return tuple(o is i for o, i in zip(outs, ins))
+
+
 class BufferUpdates(NamedTuple):
     """How one reversed step changes the buffers' cotangents (see `ReversibleStep`)."""
 
