@@ -232,11 +232,10 @@ def store_next_or_end(sw: Sweep, state: Recompute) -> Recompute:
 
 
 def store_step(sw: Sweep, state: Recompute) -> Recompute:
-    """One forward step, storing its result unless it is `x_{end-1}` (the schedule
-    stores every step from here on, so no next store event is looked up)."""
-    i = state.i + 1
+    """One forward step, storing its result (the schedule stores every step
+    from here on, so no next store event is looked up)."""
     x = forward(sw, state.i, state.x)
-    return push(sw, state._replace(i=i, x=x), when=i < state.end - 1)
+    return push(sw, state._replace(i=state.i + 1, x=x))
 
 
 def push(sw: Sweep, state: Recompute, when=True) -> Recompute:
@@ -260,8 +259,8 @@ def recompute(sw: Sweep, end, stack: Stack) -> Recompute:
     store is masked, so that one loop (one copy of the step for XLA to compile)
     does both. With cheap steps (`_cost_model.is_cheap`), once the rest of the
     segment fits the free slots, a loop of a step and a store per iteration
-    takes over (no inner loop per store; the store of `x_{end-1}`, the last
-    step's result, is masked)."""
+    takes over (no inner loop per store), and the last step to `end - 1` runs
+    in a loop of its own."""
     top = jnp.maximum(stack.depth - 1, 0)
     i = stack.order_pos[top]
     x = _checkpoint_store.load(stack.storage, sw.order[top])
@@ -272,6 +271,10 @@ def recompute(sw: Sweep, end, stack: Stack) -> Recompute:
     state = varying_while_loop(
         lambda s: (s.i < s.end - 1) & ~all_stored(sw, s), store_next_or_end_, state
     )
-    # (the rest fits the free slots once the loop above stops before `end - 1`)
-    store_step_ = functools.partial(store_step, sw)
-    return varying_while_loop(lambda s: s.i < s.end - 1, store_step_, state)
+    state = varying_while_loop(
+        lambda s: (s.i < s.end - 2) & all_stored(sw, s),
+        functools.partial(store_step, sw),
+        state,
+    )
+    i, x = advance(sw, state.i, end - 1, state.x)
+    return state._replace(i=i, x=x)
