@@ -56,6 +56,7 @@ def test_temp_memory_does_not_depend_on_max_steps():
     # 283 KiB on a TPU v5e, which pads each small array to a 4 KiB tile (71 tiles).
     # At most 80 tiles, where a tape would take 16 bytes a step.
     assert abs(sizes[None] - sizes[64]) <= 80 * 4096, sizes
+
     # it is the checkpoints that cost memory (shown on a carry of 4096 numbers: a
     # TPU v5e pads the small arrays of a 4-number carry's gradient to tiles that
     # outweigh its checkpoints, 807 KiB at 16 against 646 KiB at 256) ...
