@@ -3,9 +3,10 @@ sweep (`CheckpointStore`).
 
 Checkpoint storage is a row per slot: one stacked array per carry leaf, except that
 integer and boolean scalar leaves sharing a dtype are packed into one stacked array
-(floating ones are not: each keeps its own tangent, see `empty`). Writes are
-branch-free: `store` always writes a row, either the new value or the row's own old
-value, so the storage is updated in place and never copied whole.
+(floating ones are not: each keeps its own tangent, see `empty`), and that a leaf
+the loop never changes is kept once. Writes are branch-free: a store that is not due
+writes past the end, which the update drops (`set_where`), so the storage is updated
+in place and never copied whole.
 """
 
 from typing import Any, NamedTuple
@@ -102,15 +103,16 @@ def load(storage: Storage, slot):
         name: lax.dynamic_index_in_dim(p, slot, keepdims=False)
         for name, p in storage.packed.items()
     }
-    leaves = [
-        a
-        if fixed
-        else lax.dynamic_index_in_dim(a, slot, keepdims=False)
-        if c is None
-        else rows[c[0]][c[1]]
-        for a, c, fixed in zip(storage.arrays, storage.columns, storage.invariant)
-    ]
-    return jtu.tree_unflatten(storage.treedef, leaves)
+
+    def leaf(a, c, fixed):
+        if fixed:  # the leaf itself
+            return a
+        if c is None:  # its own stacked array
+            return lax.dynamic_index_in_dim(a, slot, keepdims=False)
+        return rows[c[0]][c[1]]  # a column of a packed row
+
+    leaves = map(leaf, storage.arrays, storage.columns, storage.invariant)
+    return jtu.tree_unflatten(storage.treedef, list(leaves))
 
 
 def set_where(rows: Array, index, value, when=True) -> Array:
