@@ -234,33 +234,26 @@ def _loop_jvp_partial_eval_custom(saveable, unks_in, inst_in, eqn):
     return rule(saveable, unks_in, inst_in, _as_closed_call(eqn, pick))
 
 
-def _lift(fn, spec: Spec, nonzero):
-    """`fn` (one of `spec`'s passes, `(primals, tangents) -> results`) on one flat
-    list of operands, and its JVP at the operands that are `nonzero` in the form
-    of a pass: operands, then their tangents, in; results, then the tangents of
-    the inexact ones, out."""
-    where = [k for k, nz in enumerate(nonzero) if nz]
-    inexact = [is_inexact(a) for a in spec.out_avals]
+def _lifted_passes(spec: Spec, nonzero) -> Passes:
+    """The JVP of `spec`'s passes at the operands that are `nonzero`, as passes
+    (`(primals, tangents) -> results`) on one flat list of operands: operands, then
+    their tangents, in; results, then the tangents of the inexact ones, out.
 
-    def flat_fn(args):
-        return fn(args[: spec.n_primals], args[spec.n_primals :])
-
-    def lifted(primals, tangents):
-        out, t_out = jvp_at(flat_fn, primals, where, tangents)
-        return list(out) + [t for t, f in zip(t_out, inexact) if f]
-
-    return flat_fn, lifted
-
-
-def _transposable_lift(flat_one_pass, spec: Spec, nonzero):
-    """The JVP of the loop's JVP, linearized (reverse over forward): the loop's JVP
-    now, and its tangent as a linear `loop_tangent` whose transpose is
-    `spec.passes.reverse_of_jvp` (a forward-over-reverse product; the loops in
-    the one pass cannot be transposed), or none if that is `None` (the JVP of a
-    pass that is itself a second derivative)."""
+    Linearized (reverse over forward), its two-pass form is the loop's JVP now, and
+    its tangent a linear `loop_tangent` whose transpose is
+    `spec.passes.reverse_of_jvp` (a forward-over-reverse product; the loops in the
+    one pass cannot be transposed), or none if that is `None` (the JVP of a pass
+    that is itself a second derivative)."""
     where = [k for k, nz in enumerate(nonzero) if nz]
     inexact = [is_inexact(a) for a in spec.out_avals]
     reverse_of_jvp = spec.passes.reverse_of_jvp
+
+    def flat_one_pass(args):
+        return spec.passes.one_pass(args[: spec.n_primals], args[spec.n_primals :])
+
+    def one_pass(primals, tangents):
+        out, t_out = jvp_at(flat_one_pass, primals, where, tangents)
+        return list(out) + [t for t, f in zip(t_out, inexact) if f]
 
     def transpose(res, cts):
         cts = [zero_ct(a) if c is None else c for c, a in zip(cts, spec.out_avals)]
@@ -281,7 +274,7 @@ def _transposable_lift(flat_one_pass, spec: Spec, nonzero):
             effects=spec.effects,
         )
 
-    return two_pass
+    return Passes(one_pass, two_pass)
 
 
 def _loop_jvp_jvp(primals, tangents, *, spec):
@@ -304,10 +297,9 @@ def _lifted_spec(spec: Spec, nonzero: list[bool]) -> Spec:
     """The JVP rule's parameter: the JVP of `spec`'s passes, at the operands that
     are `nonzero`; its operands `spec`'s, then their tangents; its results `spec`'s
     results, then the tangents of the inexact ones."""
-    flat_one_pass, one_pass = _lift(spec.passes.one_pass, spec, nonzero)
     t_avals = tuple(a.to_tangent_aval() for a in spec.out_avals if is_inexact(a))
     return Spec(
-        Passes(one_pass, _transposable_lift(flat_one_pass, spec, nonzero)),
+        _lifted_passes(spec, nonzero),
         primal=None,
         n_primals=len(nonzero),
         n_outputs=len(spec.out_avals),

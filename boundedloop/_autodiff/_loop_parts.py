@@ -48,18 +48,10 @@ class LoopParts:
     def of(cls, loop: TracedLoop, config, wanted, perturbed, loop_fn) -> "LoopParts":
         arrays, static = eqx.partition(loop, eqx.is_array)
         leaves, treedef = jtu.tree_flatten(arrays)
-        out_def = jtu.tree_structure((loop.init, loop.bufs))
+        outs = jtu.tree_structure((loop.init, loop.bufs))
         effects = frozenset(loop.body.jaxpr.effects)
         return cls(
-            leaves,
-            treedef,
-            static,
-            config,
-            wanted,
-            perturbed,
-            effects,
-            out_def,
-            loop_fn,
+            leaves, treedef, static, config, wanted, perturbed, effects, outs, loop_fn
         )
 
     @property

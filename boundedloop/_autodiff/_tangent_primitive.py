@@ -97,16 +97,14 @@ def _loop_tangent_transpose(
     return [None] * n_res + list(cts_in)
 
 
-def _move(x, dim, size):
-    """`x` with its batch axis (`dim`, or none) at the front."""
-    return batching.bdim_at_front(x, dim, size)
-
-
 def _loop_tangent_batch(
     args, dims, *, n_res, jvp_fn, vjp_fn, hvp_fn, out_avals, loop_effects
 ):
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-    args = [a if d is None else _move(a, d, size) for a, d in zip(args, dims)]
+    args = [
+        a if d is None else batching.bdim_at_front(a, d, size)
+        for a, d in zip(args, dims)
+    ]
     axes = [None if d is None else 0 for d in dims]
     res_axes, lin_axes = axes[:n_res], axes[n_res:]
     batched_jvp = jax.vmap(jvp_fn, in_axes=(res_axes, lin_axes), out_axes=0)

@@ -247,7 +247,6 @@ _MAX_STEPS_MESSAGE = re.compile(
 )
 
 
-_BUFFER_CHECKS = "bl.buffer_checks"
 _tracing = threading.local()
 
 
@@ -261,11 +260,6 @@ def tracing_a_loop():
         yield
     finally:
         _tracing.depth = depth
-
-
-def _manual_axes() -> tuple:
-    """The mesh axes of the enclosing `shard_map`s."""
-    return tuple(sorted(jax.sharding.get_abstract_mesh().manual_axes))
 
 
 def raise_if(tree, flag, msg, switch: str, details: tuple = ()):
@@ -329,10 +323,10 @@ def caller_level() -> int:
 
 def _same_on_every_device(flag, switch: str):
     """Inside `shard_map`, whether `flag` is true on any device, on every device."""
-    axes = _manual_axes()
+    mesh = jax.sharding.get_abstract_mesh()
+    axes = tuple(sorted(mesh.manual_axes))  # those of the enclosing `shard_map`s
     if not axes:
         return flag
-    mesh = jax.sharding.get_abstract_mesh()
     auto = set(mesh.axis_names) - set(axes)
     if auto:
         raise ValueError(_partial_auto_error(switch, auto))
@@ -398,18 +392,15 @@ ad.primitive_transposes[raise_if_p] = _transpose
 def _batch(args, dims, **params):
     n = params["n_details"]
     flag, details, leaves = args[0], args[1 : 1 + n], args[1 + n :]
-    if dims[0] is not None:  # batched: the details of the first element that fails
-        first = jnp.argmax(flag, axis=dims[0])
-        details = [
-            d if dim is None else jnp.take(d, first, axis=dim)
-            for d, dim in zip(details, dims[1 : 1 + n])
-        ]
+    # the details of the first element that fails (of the first element where the
+    # flag is the same for every element)
+    first = 0 if dims[0] is None else jnp.argmax(flag, axis=dims[0])
+    details = [
+        d if dim is None else jnp.take(d, first, axis=dim)
+        for d, dim in zip(details, dims[1 : 1 + n])
+    ]
+    if dims[0] is not None:
         flag = jnp.any(flag, axis=dims[0])
-    else:  # the flag is the same for every element: the first element's details
-        details = [
-            d if dim is None else jnp.take(d, 0, axis=dim)
-            for d, dim in zip(details, dims[1 : 1 + n])
-        ]
     out = raise_if_p.bind(flag, *details, *leaves, **params)
     return out, list(dims[1 + n :])
 

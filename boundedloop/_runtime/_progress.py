@@ -14,7 +14,7 @@ early its loop stopped. The step count is reduced over the batch under `vmap`
 import contextlib
 import dataclasses
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -36,22 +36,7 @@ class _Settings:
     kwargs: dict
 
 
-class TraceSetting:
-    """A value, replaced inside `with setting.set(value):` and restored after."""
-
-    def __init__(self, default: Any):
-        self.value = default
-
-    @contextlib.contextmanager
-    def set(self, value: Any) -> Iterator[None]:
-        previous, self.value = self.value, value
-        try:
-            yield
-        finally:
-            self.value = previous
-
-
-_settings = TraceSetting(None)  # a `_Settings` while the meter is on
+_settings: _Settings | None = None  # while the meter is on
 
 
 def _import_tqdm():
@@ -128,8 +113,12 @@ def progress_meter(
         )
     if tqdm_class is None:
         tqdm_class = _import_tqdm()
-    with _settings.set(_Settings(every, desc, tqdm_class, dict(tqdm_kwargs))):
+    global _settings
+    previous, _settings = _settings, _Settings(every, desc, tqdm_class, tqdm_kwargs)
+    try:
         yield
+    finally:
+        _settings = previous
 
 
 class Meter:
@@ -173,8 +162,7 @@ class Meter:
 def start(max_steps: int | None, reverse: bool = False) -> Meter | None:
     """At trace time: the meter for a loop bounded by `max_steps` (for its reverse
     sweep, `reverse`), or `None` (off)."""
-    settings = _settings.value
-    return None if settings is None else Meter(settings, max_steps, reverse)
+    return None if _settings is None else Meter(_settings, max_steps, reverse)
 
 
 @jax.custom_batching.custom_vmap

@@ -187,10 +187,6 @@ def make_sweep(
     )
 
 
-def initial_stack(sw: Sweep) -> Stack:
-    return Stack(sw.tape.used, sw.sorted, sw.tape.storage)
-
-
 def forward(sw: Sweep, i, x):
     """`x_{i+1}` from `x_i` (elements whose loop had stopped by step `i` stay)."""
     active = i < sw.tape.trips

@@ -41,7 +41,7 @@ from .._runtime._shard_map import varying_while_loop
 from .._tracing._loop import LoopConfig
 from . import _buffer_checks, _checkpoint_store, _cost_model
 from ._checkpoint_store import CheckpointStore
-from ._recompute import initial_stack, make_sweep, recompute, Stack, Sweep
+from ._recompute import make_sweep, recompute, Stack, Sweep
 from ._step import ReversibleStep
 
 
@@ -209,7 +209,7 @@ def reverse_sweep(
     sweep = make_sweep(step, tape, ct_final, config)
     state = ReverseState(
         tape.length,
-        initial_stack(sweep),
+        Stack(tape.used, sweep.sorted, tape.storage),
         carried(sweep, ct_final),
         ct_bufs,
         step.zero_ct_body(),

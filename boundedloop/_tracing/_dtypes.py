@@ -17,8 +17,6 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from .._runtime._jax_private import weakly_typed
-
 
 def is_inexact(x) -> bool:
     """Whether `x` (an array, a tracer or an abstract value) is floating or complex:
@@ -40,12 +38,6 @@ def strong(x):
     """`x` as a strongly typed array of the same dtype."""
     x = jnp.asarray(x)
     return jax.lax.convert_element_type(x, x.dtype)
-
-
-def weak(x):
-    """`x` as a weakly typed array of the same dtype."""
-    # the public `convert_element_type` always returns a strongly typed array
-    return weakly_typed(x)
 
 
 def weak_dtype(value, like):
