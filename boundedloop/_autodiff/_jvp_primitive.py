@@ -1,27 +1,6 @@
-"""The loop's JVP as one primitive that picks its sweeps by what is asked of it.
-
-`loop_jvp(primals, tangents, spec)` returns the loop's outputs and their tangents.
-It has two implementations, and JAX's own machinery chooses between them, as it does
-for `lax.while_loop`:
-
-- **one pass**, when the JVP is evaluated (`jax.jvp`, `jax.jacfwd`, forward over
-  forward): the JVP of `plain_sweep`, each step's primal and tangent computed
-  together, nothing stored. This is the primitive's implementation and lowering.
-- **two passes**, when the JVP is partially evaluated with the tangents unknown
-  (`jax.linearize`, and so `jax.grad`, `jax.vjp`, `jax.jacrev` and `jax.hessian`):
-  the checkpointed sweep now, and later the tangent as `_tangent_primitive.loop_tangent` over
-  its tape, which reverse mode transposes into the reverse sweep. The primitive's
-  partial-evaluation rules (one for `jax.linearize`'s tracer, one for jaxprs, as under
-  `jax.checkpoint`) trace this function in its place.
-
-Under `vmap` both are vmapped, and the outputs are batched as the loop's own primal
-is (`_out_batched`). The JVP of the primitive (forward over forward) is the primitive
-again, on the JVPs of both; linearized (reverse over forward), its tangent is a
-`loop_tangent` whose transpose is `Passes.reverse_of_jvp`.
-
-`_second_order.linearizable(fn, transpose, effects)` puts any of the loop's sweeps
-behind the same dispatch (one pass evaluated, two linearized), which is how they
-stay differentiable under a second reverse pass.
+"""The loop's JVP as one primitive, `loop_jvp_p`, that picks its sweeps by what is
+asked of it: one pass when evaluated, two when partially evaluated with the tangents
+unknown. See `docs/architecture.md`, "The primitives".
 """
 
 from collections.abc import Callable
@@ -184,8 +163,8 @@ def _loop_jvp_partial_eval(trace, *tracers, spec):
     if known is not None:
         # the sweep on the known values, outside this trace: traced through it,
         # each of its loops would be partially evaluated (`lax.while_loop`'s rule
-        # splits its body even when nothing is unknown), which took a fifth of
-        # the gradient's trace time
+        # splits its body even when nothing is unknown; what that cost:
+        # `benchmarks/results/design_notes.md`)
         out, tangent = spec.passes.staged(known)
         with set_current_trace(trace):
             return [trace.new_const(x) for x in out] + tangent(list(tangents))

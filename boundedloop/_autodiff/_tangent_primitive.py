@@ -1,26 +1,7 @@
-"""The loop's tangent as a linear primitive whose transpose is written by hand. Its
-rules are named after it and registered together at the end.
-
-The loop's own tangent is `_loop_jvp.replay_tangent`: the JVP of `replay_sweep`, which
-takes the steps the checkpointed sweep took again. `loop_tangent(residuals, tangents,
-...)` is linear in `tangents` and carries Python functions as parameters:
-
-- `jvp_fn(residuals, tangents) -> out`: the tangent. It is the primitive's
-  implementation and lowering, so applying a `jax.linearize`d loop runs it (`jax.jvp`
-  does not get here: it evaluates the loop's JVP in one pass, see `_jvp_primitive`).
-- `vjp_fn(residuals, cts) -> cts_in`: its transpose. For the loop's own tangent that
-  is the checkpointed reverse sweep: `jax.grad` never runs the tangent loop; it
-  linearizes (the tangent stays symbolic) and transposes, which calls `vjp_fn` on the
-  checkpoints the primal pass saved as residuals. `outputs_and_tangent` binds the
-  primitive for the second-order passes too (`_second_order`), with other pairs.
-- `hvp_fn(residuals, tangents, cts) -> cts of residuals`, optional: the transpose of
-  the tangent's derivative through its residuals (`grad` of a linearized loop),
-  a forward-over-reverse product. Without it that derivative is forward mode only,
-  and transposing it raises `THIRD_ORDER_REVERSE`.
-
-Under `vmap` the functions are vmapped. The JVP of the primitive is the primitive
-again on the tangents of its linear inputs, plus its derivative through the
-residuals (`_residual_tangent`).
+"""The loop's tangent as a linear primitive, `loop_tangent_p`, whose parameters are
+Python functions (see `loop_tangent`) and whose transpose is written by hand. Its
+rules are named after it and registered together at the end. See
+`docs/architecture.md`, "The primitives".
 """
 
 import jax

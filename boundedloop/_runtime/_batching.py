@@ -1,13 +1,6 @@
-"""Two primitives that keep a loop's control unbatched under `jax.vmap`.
-
-`any_across_batch`: a predicate that stays unbatched.
-`select_if_batched`: masking that is free when nothing is batched.
-
-
-`lax.while_loop` under `vmap` with a batched predicate selects every carry component
-per element, so anything carried (the step counter, the checkpoint bookkeeping)
-becomes batched too. Reducing the predicate over the batch first keeps the loop's
-control unbatched; the loop body then masks finished elements itself.
+"""Two primitives that keep a loop's control unbatched under `jax.vmap`:
+`any_across_batch`, a predicate that stays unbatched, and `select_if_batched`,
+masking that is free when nothing is batched (see `docs/guides/vmap.md`).
 """
 
 import jax

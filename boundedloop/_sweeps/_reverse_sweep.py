@@ -1,17 +1,8 @@
-"""The reverse sweep: cotangents from the last step to the first.
-
-Once the forward sweep has ended the trip count is known, so each segment between
-stored checkpoints is reversed offline-optimally (Griewank and Walther's binomial
-schedule). Each iteration of the sweep's loop recomputes the input of step `end - 1`
-from the top checkpoint, storing the checkpoints the schedule places on the way
-(`_recompute.py`), and reverses that step (a vector-Jacobian product).
-
-A body with cheap steps (see `_cost_model`) gets two more loops, so that loop
-iterations stay close to body evaluations: once the rest of a segment fits the free
-slots, a loop of a step and a store per iteration; and after the recomputed step, a
-loop that reverses the steps below it for as long as the next step's input is on
-top of the stack. Costlier steps dwarf this control, and each loop is one more to
-compile. `tests/schedule_reference.reverse_events` is the sweep's pure-Python twin.
+"""The reverse sweep: cotangents from the last step to the first. Each iteration of
+its loop recomputes the input of step `end - 1` from the top checkpoint
+(`_recompute.py`) and reverses that step (a vector-Jacobian product); a body with
+cheap steps gets two more loops (`docs/architecture.md`, "The cost model").
+`tests/schedule_reference.reverse_events` is the sweep's pure-Python twin.
 
 ??? cite "References"
 
@@ -169,9 +160,9 @@ def _steps_left(state: ReverseState):
 
     XLA's trip-count analysis (jaxlib 0.10) takes a loop condition that reads one
     carried scalar for an induction variable, and then copies whatever computes that
-    scalar in the body, nested loops and all, on each pass that asks: with the
-    reverse-and-pop loop nested here that was 0.04 s of a 0.5 s compile. A condition
-    on two carried scalars has no single induction variable, and is passed over."""
+    scalar in the body, nested loops and all, on each pass that asks (what that cost:
+    `benchmarks/results/design_notes.md`). A condition on two carried scalars has no
+    single induction variable, and is passed over."""
     return (state.end > 0) | (state.stack.depth < 0)
 
 
