@@ -1,8 +1,5 @@
-"""`bl.scan` and `bl.fori_loop`: known trip counts, on the while loop's machinery.
-
-The inputs `xs` and the outputs `ys` are buffers of the underlying loop (read and
-written one row per step, never checkpointed), and since the length is known the
-checkpoints are placed offline by the binomial schedule.
+"""`bl.scan` and `bl.fori_loop`: known trip counts, on the while loop's machinery,
+with `xs` and `ys` as buffers of the underlying loop.
 """
 
 from collections.abc import Callable
@@ -17,9 +14,9 @@ import numpy as np
 from .._runtime._checks import buffer_checks, tracing_a_loop
 from .._runtime._jax_private import weakly_typed
 from .._tracing._buffers import lend_buffers, return_buffers
+from .._tracing._carry_checks import is_carried, is_carried_shape
 from .._tracing._closure import closure_convert
 from .._tracing._dtypes import is_weak, promote_weak_inputs, strong
-from .._tracing._trace import is_carried, is_carried_shape
 from ._while_loop import run_loop
 
 

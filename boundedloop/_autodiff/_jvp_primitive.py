@@ -204,11 +204,8 @@ def _loop_jvp_partial_eval_custom(saveable, unks_in, inst_in, eqn):
     """The jaxpr rule (`jax.checkpoint`, partial evaluation of a staged jaxpr): the
     pass `_loop_jvp_partial_eval` would pick, as a call that JAX splits further."""
     spec = eqn.params["spec"]
-    pick = (
-        spec.passes.two_pass
-        if _tangent_unknown(unks_in, spec)
-        else spec.passes.one_pass
-    )
+    passes = spec.passes
+    pick = passes.two_pass if _tangent_unknown(unks_in, spec) else passes.one_pass
     rule = partial_eval_jaxpr_custom_rules[closed_call_p]
     return rule(saveable, unks_in, inst_in, _as_closed_call(eqn, pick))
 

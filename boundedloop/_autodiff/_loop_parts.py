@@ -1,10 +1,6 @@
-"""What every JVP pass of one loop reads: the loop's arrays as flat leaves and the
-rest of it, the configuration, which inputs are differentiated and which outputs
-get tangents (`LoopParts`, which also translates between the index spaces of the
-passes: positions among the leaves, trees shaped like `(body, init, bufs)`, and
-perturbed carry leaves); and what its tangent keeps of it (`Residuals`).
-`_loop_jvp.LoopJVP` (and `_second_order.ReverseOverAnything`, which extends it)
-holds one."""
+"""What every JVP pass of one loop reads (`LoopParts`, which also translates between
+the passes' index spaces), and what its tangent keeps of it (`Residuals`).
+"""
 
 import dataclasses
 from collections.abc import Callable

@@ -1,14 +1,7 @@
-"""The opt-in progress meter: a tqdm bar fed from inside the compiled loop.
-
-The forward sweeps call `tick` after each step and `done` after the loop; the
-reverse sweep of a gradient does the same with a meter of its own (`start(...,
-reverse=True)`), counting the steps reversed. With the meter off (the default) all
-of these are no-ops at trace time, so the compiled program is exactly what it would
-be without them. With it on, every `every` steps the loop makes one host callback
-(`jax.debug.callback`, under a `lax.cond`) that moves the bar; tqdm throttles what it
-draws. `done` sets the bar's total to the steps taken, so a bar ends full however
-early its loop stopped. The step count is reduced over the batch under `vmap`
-(`_shared`), so a batch makes one callback per update, not one per element.
+"""The opt-in progress meter: a tqdm bar fed from inside the compiled loop. The sweeps
+call `tick` (`tick_reverse`) after each step and `done` after the loop; with the meter
+off these are no-ops at trace time. What it shows: `docs/guides/scale.md`, "A
+progress bar".
 """
 
 import contextlib

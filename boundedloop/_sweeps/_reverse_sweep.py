@@ -84,13 +84,12 @@ def reverse_step(sw: Sweep, state: ReverseState, i, x) -> ReverseState:
         shapes = jax.eval_shape(reverse, state.ct, state.ct_body)[2]
     if shapes is not None and not sw.step.wholly_read(shapes, state.ct_bufs):
         # `i == end - 1` always holds. The `lax.cond` is there for XLA: the
-        # buffers' cotangents are read inside it and updated in place after it,
-        # and only that data dependence lets XLA order the read before the
-        # write instead of copying the whole cotangent every step. It is left
-        # out without buffers (its operands would take memory of their own),
-        # with small ones (a copy of them costs less than the conditional), and
-        # when the step reads a whole buffer (its update touches all of the
-        # cotangent anyway: `benchmarks/results/thresholds.md`).
+        # buffers' cotangents are read inside it and updated in place after it, and
+        # only that data dependence lets XLA order the read before the write instead
+        # of copying the whole cotangent every step. Not without buffers (its
+        # operands would take memory of their own), with small ones (a copy costs
+        # less), or when the step reads a whole buffer (its update touches all of
+        # the cotangent anyway: `benchmarks/results/thresholds.md`).
         no_updates = sw.step.no_updates(shapes, state.ct_bufs)
         ct, ct_body, updates = lax.cond(
             i == state.end - 1,

@@ -1,14 +1,7 @@
 """Closure conversion: a traced function as a module whose closed-over arrays are
-leaves, so that the loop's custom JVP sees (and differentiates) them.
-
-`eqx.filter_closure_convert` does this too, but it insists that every later call
-passes arguments with exactly the example arguments' shardings. Inside
-`jax.shard_map` that is never so for the loop's own scalars (a flag created outside
-the loop has no sharding; inside it, it has the manual mesh's), so the loop could not
-run there. Here only the tree structure and the non-array arguments are checked;
-shapes and dtypes are fixed by the loop, which feeds the body its own outputs. Inside
-`shard_map` the arguments are cast to vary over every manual axis, when traced and
-when called, so the replayed jaxpr always sees the types it was traced with.
+leaves, so that the loop's custom JVP sees (and differentiates) them. Unlike
+`eqx.filter_closure_convert`, it works inside `jax.shard_map`: see
+`docs/architecture.md`, "Inside shard_map".
 """
 
 from collections.abc import Callable
