@@ -42,22 +42,15 @@ def named(fn, name: str | None = None):
     return fn if fn is None or isinstance(fn, Named) else Named(fn, name)
 
 
-def _loop_tangent_impl(*args, n_res, jvp_fn, vjp_fn, hvp_fn, out_avals, loop_effects):
-    del vjp_fn, hvp_fn, out_avals, loop_effects
+def _loop_tangent_impl(*args, n_res, jvp_fn, **_):
     return jvp_fn(list(args[:n_res]), list(args[n_res:]))
 
 
-def _loop_tangent_abstract_eval(
-    *args, n_res, jvp_fn, vjp_fn, hvp_fn, out_avals, loop_effects
-):
-    del args, n_res, jvp_fn, vjp_fn, hvp_fn
+def _loop_tangent_abstract_eval(*args, out_avals, loop_effects, **_):
     return list(out_avals), loop_effects
 
 
-def _loop_tangent_transpose(
-    cts, *args, n_res, jvp_fn, vjp_fn, hvp_fn, out_avals, loop_effects
-):
-    del jvp_fn, hvp_fn, loop_effects
+def _loop_tangent_transpose(cts, *args, n_res, vjp_fn, out_avals, **_):
     residuals, linear = args[:n_res], args[n_res:]
     if any(ad.is_undefined_primal(r) for r in residuals):
         raise RuntimeError(

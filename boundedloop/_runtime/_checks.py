@@ -331,14 +331,12 @@ raise_if_p.multiple_results = True
 
 # operands: `flag, *details, *leaves`; results: the leaves
 @raise_if_p.def_impl
-def _impl(flag, *operands, msg, switch, n_details):
-    del switch
+def _impl(flag, *operands, msg, n_details, **_):
     return _error_if(flag, *operands, msg=msg, n_details=n_details)
 
 
 @raise_if_p.def_abstract_eval
-def _abstract_eval(flag, *operands, msg, switch, n_details):
-    del flag, msg, switch
+def _abstract_eval(flag, *operands, n_details, **_):
     return operands[n_details:]
 
 

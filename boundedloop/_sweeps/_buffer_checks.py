@@ -76,17 +76,11 @@ def reverse_initial(step, bufs, name: str | None):
 
 
 def reverse_check(check: ReverseCheck, step, updates, i) -> ReverseCheck:
-    """`check` after reversing step `i`, whose `BufferUpdates` are `updates`.
-
-    Both rules matter to the gradient only, and both are checked against the
-    locations the loop wrote later (at a later step, or later in this one), which
-    the backward pass sees because it reads the buffer as the loop left it:
-
-    - a write there: the location was written twice;
-    - a read whose cotangent is nonzero there: the forward read the value from
-        before that write, the gradient would use the later one. A read whose
-        value does not matter (multiplied by zero, or dropped by `jnp.where`) has
-        a zero cotangent there and passes.
+    """`check` after reversing step `i`, whose `BufferUpdates` are `updates`. Against
+    the locations the loop wrote later (at a later step, or later in this one), which
+    the backward pass sees, a write there (the location was written twice) and a
+    read whose cotangent is nonzero there (the forward read the value from before
+    that write) are violations: see `docs/guides/buffers.md`, "Checking the rule".
     """
     layout = step.layout
     sites = {(s.kind, s.number): (n, s) for n, s in enumerate(layout.sites)}

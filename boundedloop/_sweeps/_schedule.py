@@ -12,10 +12,9 @@ Terms used throughout:
   stored start with `k` slots are `r l - C(k + r, r - 1)`, `r` its `repetitions`
   (Griewank and Walther 2000).
 
-The forward's placement is online (`online_stores`, which the compiled rules in
-`_store_rules.py` follow), the reverse sweep's offline (`revolve_split`): see
-`docs/architecture.md`, "Where checkpoints go". What a placement costs, the hindsight
-optimum and the reverse sweep's twin are the tests' (`tests/schedule_reference.py`).
+The forward's placement is online (`online_stores`), the reverse sweep's offline
+(`revolve_split`): see `docs/architecture.md`, "Where checkpoints go". What a
+placement costs and the hindsight optimum are the tests' (`tests/schedule_reference.py`).
 """
 
 import bisect

@@ -141,14 +141,10 @@ def _retyped(jaxpr, consts, avals, out_axes=None):
     return jax.make_jaxpr(replay)(*avals)
 
 
-# A higher-order primitive in the body (a nested loop's custom JVP, a `lax` loop, a
-# `cond`, `jax.checkpoint`) holds jaxprs traced when the body was. Inside
-# `shard_map` they cast values the body closes over to vary (`pvary`); the loop
-# passes those values in varying already, and JAX's own evaluation or
-# linearization of the inner jaxprs would cast them again, which `pvary` rejects.
-# Each rule here traces its primitive's jaxprs again through `_replay` for the
-# operands `invals`' types, and returns the parameters and the operands (a loop's
-# carry cast to vary where its step now makes it vary).
+# Each rule traces a higher-order primitive's jaxprs again through `_replay` for the
+# operands `invals`' types (why: `docs/architecture.md`, "Inside shard_map"), and
+# returns the parameters and the operands (a loop's carry cast to vary where its
+# step now makes it vary).
 
 
 def _retyped_custom_jvp(params, invals):
