@@ -1,12 +1,6 @@
-"""`bl.Loop`'s functions: the arrays a Python closure captures, as leaves.
-
-`bl.Loop` is given plain functions. Under `bl.filter_jit`/`bl.filter_grad` a
-function is static, so arrays it captures (in closure cells or default arguments)
-would be baked-in constants with no gradient. `hoist_arrays` rebuilds such a
-function as a module whose captured arrays are a field, `closure`, keyed by the
-names the function uses for them (so a gradient reads `closure["A"]`); the rest
-stays static, compared by value where that is safe, so that a closure rebuilt around
-new arrays reuses the compiled program.
+"""`bl.Loop`'s functions: the arrays a Python closure captures, as leaves
+(`hoist_arrays`), so that `bl.filter_jit` traces them and `bl.filter_grad`
+differentiates them (see `docs/guides/modules.md`).
 """
 
 import functools

@@ -1,9 +1,5 @@
-"""`LoopModule` and `Loop`: loops as Equinox modules.
-
-A module's array fields are traced (and differentiated through `run`); everything
-else is static. So a library can take a user's loop body as a module, or wrap plain
-functions and `jax.tree_util.Partial` objects with `Loop`, and the whole call jits
-with `bl.filter_jit` without anyone choosing static arguments.
+"""`LoopModule` and `Loop`: loops as Equinox modules, whose array fields are traced
+and differentiated and everything else static (see `docs/guides/modules.md`).
 """
 
 import abc

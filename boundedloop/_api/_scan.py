@@ -1,8 +1,5 @@
-"""`bl.scan` and `bl.fori_loop`: known trip counts, on the while loop's machinery.
-
-The inputs `xs` and the outputs `ys` are buffers of the underlying loop (read and
-written one row per step, never checkpointed), and since the length is known the
-checkpoints are placed offline by the binomial schedule.
+"""`bl.scan` and `bl.fori_loop`: known trip counts, on the while loop's machinery,
+with `xs` and `ys` as buffers of the underlying loop.
 """
 
 from collections.abc import Callable
@@ -15,10 +12,11 @@ import jax.tree_util as jtu
 import numpy as np
 
 from .._runtime._checks import buffer_checks, tracing_a_loop
+from .._runtime._jax_private import weakly_typed
 from .._tracing._buffers import lend_buffers, return_buffers
+from .._tracing._carry_checks import is_carried, is_carried_shape
 from .._tracing._closure import closure_convert
-from .._tracing._dtypes import is_weak, promote_weak_inputs, strong, weak
-from .._tracing._trace import is_carried, is_carried_shape
+from .._tracing._dtypes import is_weak, promote_weak_inputs, strong
 from ._while_loop import run_loop
 
 
@@ -199,13 +197,17 @@ def _typed_as(init, carry_out):
     leaves, treedef = jtu.tree_flatten(dynamic)
     if len(leaves) != len(carry_out):
         return init
-    leaves = [weak(v) if o.weak_type else strong(v) for v, o in zip(leaves, carry_out)]
+    leaves = [
+        weakly_typed(v) if o.weak_type else strong(v) for v, o in zip(leaves, carry_out)
+    ]
     return eqx.combine(jtu.tree_unflatten(treedef, leaves), static)
 
 
 def _weak_as(ys, y_shapes):
     """`ys`, weakly typed where `lax.scan`'s would be."""
-    return jtu.tree_map(lambda y, s: weak(y) if s.weak_type else y, ys, y_shapes)
+    return jtu.tree_map(
+        lambda y, s: weakly_typed(y) if s.weak_type else y, ys, y_shapes
+    )
 
 
 def _number_as_array(y):

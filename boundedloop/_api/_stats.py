@@ -1,10 +1,7 @@
-"""`stats=True`: what a loop did, read without changing the user's carry.
-
-The loop is run on a counted carry, the user's carry next to an int32 step counter
-that the body increments. Under `vmap` with a batched predicate an element that has
-stopped keeps its carry, so its counter stops at its own step. The counter is an
-integer, so it gets no tangent or cotangent: gradients are those of the loop
-without it. Nothing of this is traced unless stats are asked for.
+"""`stats=True`: what a loop did, read without changing the user's carry. The loop
+runs on a counted carry (`Counted`), the user's carry next to an int32 step counter
+that the body increments: an element that has stopped under `vmap` keeps its count,
+and the counter, an integer, gets no tangent or cotangent.
 """
 
 import equinox as eqx

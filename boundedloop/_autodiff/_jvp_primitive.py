@@ -1,27 +1,6 @@
-"""The loop's JVP as one primitive that picks its sweeps by what is asked of it.
-
-`loop_jvp(primals, tangents, spec)` returns the loop's outputs and their tangents.
-It has two implementations, and JAX's own machinery chooses between them, as it does
-for `lax.while_loop`:
-
-- **one pass**, when the JVP is evaluated (`jax.jvp`, `jax.jacfwd`, forward over
-  forward): the JVP of `plain_sweep`, each step's primal and tangent computed
-  together, nothing stored. This is the primitive's implementation and lowering.
-- **two passes**, when the JVP is partially evaluated with the tangents unknown
-  (`jax.linearize`, and so `jax.grad`, `jax.vjp`, `jax.jacrev` and `jax.hessian`):
-  the checkpointed sweep now, and later the tangent as `_tangent_primitive.loop_tangent` over
-  its tape, which reverse mode transposes into the reverse sweep. The primitive's
-  partial-evaluation rules (one for `jax.linearize`'s tracer, one for jaxprs, as under
-  `jax.checkpoint`) trace this function in its place.
-
-Under `vmap` both are vmapped, and the outputs are batched as the loop's own primal
-is (`_out_batched`). The JVP of the primitive (forward over forward) is the primitive
-again, on the JVPs of both; linearized (reverse over forward), its tangent is a
-`loop_tangent` whose transpose is `Passes.reverse_of_jvp`.
-
-`_second_order.linearizable(fn, transpose, effects)` puts any of the loop's sweeps
-behind the same dispatch (one pass evaluated, two linearized), which is how they
-stay differentiable under a second reverse pass.
+"""The loop's JVP as one primitive, `loop_jvp_p`, that picks its sweeps by what is
+asked of it: one pass when evaluated, two when partially evaluated with the tangents
+unknown. See `docs/architecture.md`, "The primitives".
 """
 
 from collections.abc import Callable
@@ -184,8 +163,8 @@ def _loop_jvp_partial_eval(trace, *tracers, spec):
     if known is not None:
         # the sweep on the known values, outside this trace: traced through it,
         # each of its loops would be partially evaluated (`lax.while_loop`'s rule
-        # splits its body even when nothing is unknown), which took a fifth of
-        # the gradient's trace time
+        # splits its body even when nothing is unknown; what that cost:
+        # `benchmarks/results/design_notes.md`)
         out, tangent = spec.passes.staged(known)
         with set_current_trace(trace):
             return [trace.new_const(x) for x in out] + tangent(list(tangents))
@@ -225,42 +204,32 @@ def _loop_jvp_partial_eval_custom(saveable, unks_in, inst_in, eqn):
     """The jaxpr rule (`jax.checkpoint`, partial evaluation of a staged jaxpr): the
     pass `_loop_jvp_partial_eval` would pick, as a call that JAX splits further."""
     spec = eqn.params["spec"]
-    pick = (
-        spec.passes.two_pass
-        if _tangent_unknown(unks_in, spec)
-        else spec.passes.one_pass
-    )
+    passes = spec.passes
+    pick = passes.two_pass if _tangent_unknown(unks_in, spec) else passes.one_pass
     rule = partial_eval_jaxpr_custom_rules[closed_call_p]
     return rule(saveable, unks_in, inst_in, _as_closed_call(eqn, pick))
 
 
-def _lift(fn, spec: Spec, nonzero):
-    """`fn` (one of `spec`'s passes, `(primals, tangents) -> results`) on one flat
-    list of operands, and its JVP at the operands that are `nonzero` in the form
-    of a pass: operands, then their tangents, in; results, then the tangents of
-    the inexact ones, out."""
-    where = [k for k, nz in enumerate(nonzero) if nz]
-    inexact = [is_inexact(a) for a in spec.out_avals]
+def _lifted_passes(spec: Spec, nonzero) -> Passes:
+    """The JVP of `spec`'s passes at the operands that are `nonzero`, as passes
+    (`(primals, tangents) -> results`) on one flat list of operands: operands, then
+    their tangents, in; results, then the tangents of the inexact ones, out.
 
-    def flat_fn(args):
-        return fn(args[: spec.n_primals], args[spec.n_primals :])
-
-    def lifted(primals, tangents):
-        out, t_out = jvp_at(flat_fn, primals, where, tangents)
-        return list(out) + [t for t, f in zip(t_out, inexact) if f]
-
-    return flat_fn, lifted
-
-
-def _transposable_lift(flat_one_pass, spec: Spec, nonzero):
-    """The JVP of the loop's JVP, linearized (reverse over forward): the loop's JVP
-    now, and its tangent as a linear `loop_tangent` whose transpose is
-    `spec.passes.reverse_of_jvp` (a forward-over-reverse product; the loops in
-    the one pass cannot be transposed), or none if that is `None` (the JVP of a
-    pass that is itself a second derivative)."""
+    Linearized (reverse over forward), its two-pass form is the loop's JVP now, and
+    its tangent a linear `loop_tangent` whose transpose is
+    `spec.passes.reverse_of_jvp` (a forward-over-reverse product; the loops in the
+    one pass cannot be transposed), or none if that is `None` (the JVP of a pass
+    that is itself a second derivative)."""
     where = [k for k, nz in enumerate(nonzero) if nz]
     inexact = [is_inexact(a) for a in spec.out_avals]
     reverse_of_jvp = spec.passes.reverse_of_jvp
+
+    def flat_one_pass(args):
+        return spec.passes.one_pass(args[: spec.n_primals], args[spec.n_primals :])
+
+    def one_pass(primals, tangents):
+        out, t_out = jvp_at(flat_one_pass, primals, where, tangents)
+        return list(out) + [t for t, f in zip(t_out, inexact) if f]
 
     def transpose(res, cts):
         cts = [zero_ct(a) if c is None else c for c, a in zip(cts, spec.out_avals)]
@@ -281,7 +250,7 @@ def _transposable_lift(flat_one_pass, spec: Spec, nonzero):
             effects=spec.effects,
         )
 
-    return two_pass
+    return Passes(one_pass, two_pass)
 
 
 def _loop_jvp_jvp(primals, tangents, *, spec):
@@ -304,10 +273,9 @@ def _lifted_spec(spec: Spec, nonzero: list[bool]) -> Spec:
     """The JVP rule's parameter: the JVP of `spec`'s passes, at the operands that
     are `nonzero`; its operands `spec`'s, then their tangents; its results `spec`'s
     results, then the tangents of the inexact ones."""
-    flat_one_pass, one_pass = _lift(spec.passes.one_pass, spec, nonzero)
     t_avals = tuple(a.to_tangent_aval() for a in spec.out_avals if is_inexact(a))
     return Spec(
-        Passes(one_pass, _transposable_lift(flat_one_pass, spec, nonzero)),
+        _lifted_passes(spec, nonzero),
         primal=None,
         n_primals=len(nonzero),
         n_outputs=len(spec.out_avals),

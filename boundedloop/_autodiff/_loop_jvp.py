@@ -1,9 +1,6 @@
-"""The loop's first-order JVP in the forms `_jvp_primitive.Passes` asks for
-(`LoopJVP`): one pass (forward mode), and two (the checkpointed sweep now, the
-tangent as a `loop_tangent` over its tape, which reverse mode transposes into the
-reverse sweep). `_second_order.ReverseOverAnything` extends it with the passes that
-make both differentiable once more in reverse mode; the loop's custom JVP
-(`_autodiff.differentiable_loop`) binds that.
+"""The loop's first-order JVP (`LoopJVP`) in the forms `_jvp_primitive.Passes` asks
+for: one pass (forward mode), and two (the checkpointed sweep now, the tangent as a
+`loop_tangent` over its tape). `_second_order.ReverseOverAnything` extends it.
 """
 
 import dataclasses
@@ -151,10 +148,8 @@ class LoopJVP:
             return [t for t, f in zip(jtu.tree_leaves(t_out), out_perturbed) if f]
 
         def reverse(operands):
-            res_leaves, cts = (
-                operands[: len(residuals.leaves)],
-                operands[len(residuals.leaves) :],
-            )
+            n = len(residuals.leaves)
+            res_leaves, cts = operands[:n], operands[n:]
             body, _, _, tape = residuals.unpack(res_leaves)
             ct_x, ct_bufs = jtu.tree_unflatten(out_def, fill(out_perturbed, cts))
             step = ReversibleStep(

@@ -1,10 +1,6 @@
-"""What every JVP pass of one loop reads: the loop's arrays as flat leaves and the
-rest of it, the configuration, which inputs are differentiated and which outputs
-get tangents (`LoopParts`, which also translates between the index spaces of the
-passes: positions among the leaves, trees shaped like `(body, init, bufs)`, and
-perturbed carry leaves); and what its tangent keeps of it (`Residuals`).
-`_loop_jvp.LoopJVP` (and `_second_order.ReverseOverAnything`, which extends it)
-holds one."""
+"""What every JVP pass of one loop reads (`LoopParts`, which also translates between
+the passes' index spaces), and what its tangent keeps of it (`Residuals`).
+"""
 
 import dataclasses
 from collections.abc import Callable
@@ -48,18 +44,10 @@ class LoopParts:
     def of(cls, loop: TracedLoop, config, wanted, perturbed, loop_fn) -> "LoopParts":
         arrays, static = eqx.partition(loop, eqx.is_array)
         leaves, treedef = jtu.tree_flatten(arrays)
-        out_def = jtu.tree_structure((loop.init, loop.bufs))
+        outs = jtu.tree_structure((loop.init, loop.bufs))
         effects = frozenset(loop.body.jaxpr.effects)
         return cls(
-            leaves,
-            treedef,
-            static,
-            config,
-            wanted,
-            perturbed,
-            effects,
-            out_def,
-            loop_fn,
+            leaves, treedef, static, config, wanted, perturbed, effects, outs, loop_fn
         )
 
     @property

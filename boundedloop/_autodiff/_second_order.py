@@ -1,15 +1,7 @@
 """Reverse over anything: the loop's sweeps behind JVPs an outer reverse pass can
-transpose, so that a gradient (or a JVP) of the loop can itself be differentiated in
-reverse mode (`grad` of `grad`, `grad` of `jvp`, gradient penalties).
-
-No loop is ever reversed twice. What an outer reverse pass transposes is the
-linearized gradient, a block of a Hessian, which is symmetric: its transpose applied
-to a cotangent `w` is a forward-over-reverse product in the direction `w`
-(`gradient_and_hvp`), which runs the loop's own rules in forward mode over the
-checkpointed reverse sweep. Each sweep sits behind `linearizable`'s dispatch (one pass
-when evaluated, so `jax.hessian` costs what it cost before; two when linearized), and
-the linear part is a `loop_tangent` whose transpose is that product. See
-`docs/guides/forward-mode.md` for the costs.
+transpose (`grad` of `grad`, `grad` of `jvp`, gradient penalties), so that no loop
+is ever reversed twice. See `docs/architecture.md`, "The primitives", and
+`docs/guides/forward-mode.md` for why it holds and what it costs.
 """
 
 import dataclasses
@@ -73,11 +65,8 @@ def _rerun(loop_fn, loop: TracedLoop, config: LoopConfig):
 def gradient_and_hvp(loop_fn, loop, config, cts, direction=None):
     """Forward over reverse: `(J v, g, H v)` for the loop's outputs `F` at its
     inexact differentiable leaves `p`, `g = J^T cts` and `H = d(J^T cts)/dp`, in the
-    direction `v` (a tree shaped like `loop.differentiable()`, `None` for zero).
-
-    This is how an outer reverse pass transposes the loop's gradient: the gradient's
-    linearization is a block of the Hessian of `cts . F`, which is symmetric (see
-    `ReverseOverAnything.vjp_with_hvp`)."""
+    direction `v` (a tree shaped like `loop.differentiable()`, `None` for zero): how
+    an outer reverse pass transposes the loop's gradient (see `vjp_with_hvp`)."""
     varying, combine, run = _rerun(loop_fn, loop, config)
 
     def gradient(varying):
@@ -256,10 +245,6 @@ class ReverseOverAnything(LoopJVP):
         return ct_p, ct_t
 
 
-# Any function behind the loop's dispatch: one pass when evaluated, two when
-# linearized, so that an outer reverse pass can transpose it.
-
-
 def linearizable(
     fn: Callable,
     transpose: Callable | None,
@@ -274,10 +259,9 @@ def linearizable(
     that transpose, `(res, cts) -> cotangents of primals[where]`, given the
     positions `where` of the perturbed primals and which outputs get tangents
     (`with_tangent`: the inexact ones that depend on a perturbed primal); `res` are
-    the primals, then `fn`'s outputs with `keep_outputs`. This is how the loop's
-    own sweeps stay differentiable when an outer reverse pass differentiates a
-    gradient (see `_autodiff.differentiable_loop`). With `transpose=None` the linearized tangent cannot
-    be transposed: that raises a clear error (a third reverse pass)."""
+    the primals, then `fn`'s outputs with `keep_outputs`. With `transpose=None` the
+    linearized tangent cannot be transposed: that raises a clear error (a third
+    reverse pass)."""
 
     @jax.custom_jvp
     def wrapped(*leaves):

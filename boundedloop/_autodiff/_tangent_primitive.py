@@ -1,26 +1,7 @@
-"""The loop's tangent as a linear primitive whose transpose is written by hand. Its
-rules are named after it and registered together at the end.
-
-The loop's own tangent is `_loop_jvp.replay_tangent`: the JVP of `replay_sweep`, which
-takes the steps the checkpointed sweep took again. `loop_tangent(residuals, tangents,
-...)` is linear in `tangents` and carries Python functions as parameters:
-
-- `jvp_fn(residuals, tangents) -> out`: the tangent. It is the primitive's
-  implementation and lowering, so applying a `jax.linearize`d loop runs it (`jax.jvp`
-  does not get here: it evaluates the loop's JVP in one pass, see `_jvp_primitive`).
-- `vjp_fn(residuals, cts) -> cts_in`: its transpose. For the loop's own tangent that
-  is the checkpointed reverse sweep: `jax.grad` never runs the tangent loop; it
-  linearizes (the tangent stays symbolic) and transposes, which calls `vjp_fn` on the
-  checkpoints the primal pass saved as residuals. `outputs_and_tangent` binds the
-  primitive for the second-order passes too (`_second_order`), with other pairs.
-- `hvp_fn(residuals, tangents, cts) -> cts of residuals`, optional: the transpose of
-  the tangent's derivative through its residuals (`grad` of a linearized loop),
-  a forward-over-reverse product. Without it that derivative is forward mode only,
-  and transposing it raises `THIRD_ORDER_REVERSE`.
-
-Under `vmap` the functions are vmapped. The JVP of the primitive is the primitive
-again on the tangents of its linear inputs, plus its derivative through the
-residuals (`_residual_tangent`).
+"""The loop's tangent as a linear primitive, `loop_tangent_p`, whose parameters are
+Python functions (see `loop_tangent`) and whose transpose is written by hand. Its
+rules are named after it and registered together at the end. See
+`docs/architecture.md`, "The primitives".
 """
 
 import jax
@@ -61,22 +42,15 @@ def named(fn, name: str | None = None):
     return fn if fn is None or isinstance(fn, Named) else Named(fn, name)
 
 
-def _loop_tangent_impl(*args, n_res, jvp_fn, vjp_fn, hvp_fn, out_avals, loop_effects):
-    del vjp_fn, hvp_fn, out_avals, loop_effects
+def _loop_tangent_impl(*args, n_res, jvp_fn, **_):
     return jvp_fn(list(args[:n_res]), list(args[n_res:]))
 
 
-def _loop_tangent_abstract_eval(
-    *args, n_res, jvp_fn, vjp_fn, hvp_fn, out_avals, loop_effects
-):
-    del args, n_res, jvp_fn, vjp_fn, hvp_fn
+def _loop_tangent_abstract_eval(*args, out_avals, loop_effects, **_):
     return list(out_avals), loop_effects
 
 
-def _loop_tangent_transpose(
-    cts, *args, n_res, jvp_fn, vjp_fn, hvp_fn, out_avals, loop_effects
-):
-    del jvp_fn, hvp_fn, loop_effects
+def _loop_tangent_transpose(cts, *args, n_res, vjp_fn, out_avals, **_):
     residuals, linear = args[:n_res], args[n_res:]
     if any(ad.is_undefined_primal(r) for r in residuals):
         raise RuntimeError(
@@ -97,16 +71,14 @@ def _loop_tangent_transpose(
     return [None] * n_res + list(cts_in)
 
 
-def _move(x, dim, size):
-    """`x` with its batch axis (`dim`, or none) at the front."""
-    return batching.bdim_at_front(x, dim, size)
-
-
 def _loop_tangent_batch(
     args, dims, *, n_res, jvp_fn, vjp_fn, hvp_fn, out_avals, loop_effects
 ):
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-    args = [a if d is None else _move(a, d, size) for a, d in zip(args, dims)]
+    args = [
+        a if d is None else batching.bdim_at_front(a, d, size)
+        for a, d in zip(args, dims)
+    ]
     axes = [None if d is None else 0 for d in dims]
     res_axes, lin_axes = axes[:n_res], axes[n_res:]
     batched_jvp = jax.vmap(jvp_fn, in_axes=(res_axes, lin_axes), out_axes=0)

@@ -1,13 +1,6 @@
-"""Two primitives that keep a loop's control unbatched under `jax.vmap`.
-
-`any_across_batch`: a predicate that stays unbatched.
-`select_if_batched`: masking that is free when nothing is batched.
-
-
-`lax.while_loop` under `vmap` with a batched predicate selects every carry component
-per element, so anything carried (the step counter, the checkpoint bookkeeping)
-becomes batched too. Reducing the predicate over the batch first keeps the loop's
-control unbatched; the loop body then masks finished elements itself.
+"""Two primitives that keep a loop's control unbatched under `jax.vmap`:
+`any_across_batch`, a predicate that stays unbatched, and `select_if_batched`,
+masking that is free when nothing is batched (see `docs/guides/vmap.md`).
 """
 
 import jax
@@ -83,26 +76,24 @@ def _select_if_batched_batch(args, dims):
         # `vmap` (say `vmap(jacfwd(f))`), where it can be false: select again one
         # level down, with this level's batch axis in front of both operands.
         size = next(o.shape[d] for o, d in zip(operands, operand_dims) if d is not None)
-        news, olds, out_dims = [], [], []
-        for new, old, d_new, d_old in pairs:
-            if d_new is None and d_old is None:
-                out_dims.append(None)
-            else:
-                new = batching.bdim_at_front(new, d_new, size)
-                old = batching.bdim_at_front(old, d_old, size)
-                out_dims.append(0)
-            news.append(new)
-            olds.append(old)
-        return select_if_batched_p.bind(pred, *news, *olds), out_dims
-    size = pred.shape[pred_dim]
-    pred = jnp.moveaxis(pred, pred_dim, 0)
-    out = []
+    else:
+        size = pred.shape[pred_dim]
+        pred = jnp.moveaxis(pred, pred_dim, 0)
+    news, olds, out_dims = [], [], []
     for new, old, d_new, d_old in pairs:
-        new = batching.bdim_at_front(new, d_new, size)
-        old = batching.bdim_at_front(old, d_old, size)
-        p = pred.reshape(pred.shape + (1,) * (new.ndim - pred.ndim))
-        out.append(jnp.where(p, new, old))
-    return out, [0] * half
+        batched = not (pred_dim is None and d_new is None and d_old is None)
+        if batched:
+            new = batching.bdim_at_front(new, d_new, size)
+            old = batching.bdim_at_front(old, d_old, size)
+        if pred_dim is not None:
+            p = pred.reshape(pred.shape + (1,) * (new.ndim - pred.ndim))
+            new = jnp.where(p, new, old)
+        news.append(new)
+        olds.append(old)
+        out_dims.append(0 if batched else None)
+    if pred_dim is None:
+        return select_if_batched_p.bind(pred, *news, *olds), out_dims
+    return news, out_dims
 
 
 def _select_if_batched_jvp(primals, tangents):

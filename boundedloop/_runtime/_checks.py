@@ -1,34 +1,7 @@
-"""Opt-in runtime checks, and the trace-time settings that switch them on.
-
-Each switch is a `with` block read when a loop is traced. Off (the default), a check
-leaves the compiled program exactly as it would be without it.
-
-- `buffer_checks`: the buffer rules (each location written at most once, no read
-  whose gradient would see a later write), checked in the reverse sweep
-  (`_buffer_checks`).
-- `max_steps_check`: a loop must not stop because it ran out of steps. The loop
-  stopped because of `max_steps` exactly when the predicate still holds on the final
-  carry, so the check evaluates the predicate once more, on the final carry, and
-  attaches an error to it (`raise_if`): one predicate evaluation, nothing inside
-  the loop. It is attached to what every later use of the loop reads (the final carry,
-  and the trip count the backward pass reverses), so no transform prunes it. With
-  `warn=True` it issues a warning instead (`warn_if`), from a host callback after the
-  loop, and the program goes on.
-
-The two checks are JAX configuration states that are part of JAX's trace and jit
-cache keys, so entering a block after a function was first traced retraces it
-rather than silently reusing the unchecked trace.
-
-Both raise through `raise_if`. On one device that is `eqx.error_if`. In a program
-partitioned over several devices `eqx.error_if`'s callback runs on one device only,
-and its result is sent to the others: when it raises, the others wait for it in a
-collective until XLA aborts the process. So the error is a primitive, `raise_if_p`,
-that chooses when it is lowered: `eqx.error_if` on one device, and on several a
-callback that every device runs and raises from, on a flag that is the same on every
-device (inside `shard_map`, the flags of all devices are combined first), so that
-every device stops at the same point and none waits for another. A raise from a
-callback on several devices is also kept by JAX for `jax.effects_barrier()` (and so
-reported again at exit), until the next program with a callback runs on them.
+"""Opt-in runtime checks (`buffer_checks`, `max_steps_check`), the trace-time
+switches that turn them on, and the error they raise (`raise_if`), which every device
+of a partitioned program raises together. See `docs/architecture.md`, "Run-time
+checks".
 """
 
 import contextlib
@@ -55,9 +28,8 @@ from ._jax_private import register_batching, ShardingContext, SPMDAxisContext
 from ._shard_map import vary
 
 
-# switches in the jit cache key and trace context: a function traced with a check
-# on is traced again with it off, so entering the block before or after the first
-# call makes no difference
+# switches in JAX's trace and jit cache keys (`docs/architecture.md`, "Run-time
+# checks"): entering a block after a function's first call traces it again
 _buffer_checks = jax.make_user_context(default_value=False)
 
 
@@ -247,7 +219,6 @@ _MAX_STEPS_MESSAGE = re.compile(
 )
 
 
-_BUFFER_CHECKS = "bl.buffer_checks"
 _tracing = threading.local()
 
 
@@ -261,11 +232,6 @@ def tracing_a_loop():
         yield
     finally:
         _tracing.depth = depth
-
-
-def _manual_axes() -> tuple:
-    """The mesh axes of the enclosing `shard_map`s."""
-    return tuple(sorted(jax.sharding.get_abstract_mesh().manual_axes))
 
 
 def raise_if(tree, flag, msg, switch: str, details: tuple = ()):
@@ -329,10 +295,10 @@ def caller_level() -> int:
 
 def _same_on_every_device(flag, switch: str):
     """Inside `shard_map`, whether `flag` is true on any device, on every device."""
-    axes = _manual_axes()
+    mesh = jax.sharding.get_abstract_mesh()
+    axes = tuple(sorted(mesh.manual_axes))  # those of the enclosing `shard_map`s
     if not axes:
         return flag
-    mesh = jax.sharding.get_abstract_mesh()
     auto = set(mesh.axis_names) - set(axes)
     if auto:
         raise ValueError(_partial_auto_error(switch, auto))
@@ -365,14 +331,12 @@ raise_if_p.multiple_results = True
 
 # operands: `flag, *details, *leaves`; results: the leaves
 @raise_if_p.def_impl
-def _impl(flag, *operands, msg, switch, n_details):
-    del switch
+def _impl(flag, *operands, msg, n_details, **_):
     return _error_if(flag, *operands, msg=msg, n_details=n_details)
 
 
 @raise_if_p.def_abstract_eval
-def _abstract_eval(flag, *operands, msg, switch, n_details):
-    del flag, msg, switch
+def _abstract_eval(flag, *operands, n_details, **_):
     return operands[n_details:]
 
 
@@ -398,18 +362,15 @@ ad.primitive_transposes[raise_if_p] = _transpose
 def _batch(args, dims, **params):
     n = params["n_details"]
     flag, details, leaves = args[0], args[1 : 1 + n], args[1 + n :]
-    if dims[0] is not None:  # batched: the details of the first element that fails
-        first = jnp.argmax(flag, axis=dims[0])
-        details = [
-            d if dim is None else jnp.take(d, first, axis=dim)
-            for d, dim in zip(details, dims[1 : 1 + n])
-        ]
+    # the details of the first element that fails (of the first element where the
+    # flag is the same for every element)
+    first = 0 if dims[0] is None else jnp.argmax(flag, axis=dims[0])
+    details = [
+        d if dim is None else jnp.take(d, first, axis=dim)
+        for d, dim in zip(details, dims[1 : 1 + n])
+    ]
+    if dims[0] is not None:
         flag = jnp.any(flag, axis=dims[0])
-    else:  # the flag is the same for every element: the first element's details
-        details = [
-            d if dim is None else jnp.take(d, 0, axis=dim)
-            for d, dim in zip(details, dims[1 : 1 + n])
-        ]
     out = raise_if_p.bind(flag, *details, *leaves, **params)
     return out, list(dims[1 + n :])
 

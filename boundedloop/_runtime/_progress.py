@@ -1,20 +1,13 @@
-"""The opt-in progress meter: a tqdm bar fed from inside the compiled loop.
-
-The forward sweeps call `tick` after each step and `done` after the loop; the
-reverse sweep of a gradient does the same with a meter of its own (`start(...,
-reverse=True)`), counting the steps reversed. With the meter off (the default) all
-of these are no-ops at trace time, so the compiled program is exactly what it would
-be without them. With it on, every `every` steps the loop makes one host callback
-(`jax.debug.callback`, under a `lax.cond`) that moves the bar; tqdm throttles what it
-draws. `done` sets the bar's total to the steps taken, so a bar ends full however
-early its loop stopped. The step count is reduced over the batch under `vmap`
-(`_shared`), so a batch makes one callback per update, not one per element.
+"""The opt-in progress meter: a tqdm bar fed from inside the compiled loop. The sweeps
+call `tick` (`tick_reverse`) after each step and `done` after the loop; with the meter
+off these are no-ops at trace time. What it shows: `docs/guides/scale.md`, "A
+progress bar".
 """
 
 import contextlib
 import dataclasses
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -36,22 +29,7 @@ class _Settings:
     kwargs: dict
 
 
-class TraceSetting:
-    """A value, replaced inside `with setting.set(value):` and restored after."""
-
-    def __init__(self, default: Any):
-        self.value = default
-
-    @contextlib.contextmanager
-    def set(self, value: Any) -> Iterator[None]:
-        previous, self.value = self.value, value
-        try:
-            yield
-        finally:
-            self.value = previous
-
-
-_settings = TraceSetting(None)  # a `_Settings` while the meter is on
+_settings: _Settings | None = None  # while the meter is on
 
 
 def _import_tqdm():
@@ -128,8 +106,12 @@ def progress_meter(
         )
     if tqdm_class is None:
         tqdm_class = _import_tqdm()
-    with _settings.set(_Settings(every, desc, tqdm_class, dict(tqdm_kwargs))):
+    global _settings
+    previous, _settings = _settings, _Settings(every, desc, tqdm_class, tqdm_kwargs)
+    try:
         yield
+    finally:
+        _settings = previous
 
 
 class Meter:
@@ -173,8 +155,7 @@ class Meter:
 def start(max_steps: int | None, reverse: bool = False) -> Meter | None:
     """At trace time: the meter for a loop bounded by `max_steps` (for its reverse
     sweep, `reverse`), or `None` (off)."""
-    settings = _settings.value
-    return None if settings is None else Meter(settings, max_steps, reverse)
+    return None if _settings is None else Meter(_settings, max_steps, reverse)
 
 
 @jax.custom_batching.custom_vmap

@@ -1,21 +1,7 @@
-"""The loop inside `jax.shard_map`: which mesh axes values vary over.
-
-Inside `shard_map` every array's type says over which manual mesh axes it varies, and a loop's
-carry must keep its type. A carry that starts out the same on every device (a step
-counter, an empty checkpoint store) but is combined with per-device values in the
-step (a predicate, the carry itself) would change type, which `lax.while_loop`
-rejects. `varying_while_loop` first casts such initial values to vary (`lax.pcast`)
-where the step makes them vary. Outside `shard_map` it is `lax.while_loop`, and the
-other helpers here return their input unchanged. Every loop the library emits is
-built here, so `varying_while_loop` also hides the initial values of the loop's
-counters from XLA (`opaque_counters`): XLA's TPU while-loop simplifier miscompiles
-loops whose counters start at a known constant.
-
-The loop casts everything it carries to vary over every manual axis once, before
-its loops (`vary_everywhere`), so that no cast, and so no collective in its
-transpose, happens inside a loop whose trip count differs between devices; the
-cotangents of inputs that were the same on every device are summed across devices
-once, afterwards (`sum_over_devices`).
+"""The loop inside `jax.shard_map`: which mesh axes values vary over. Every loop the
+library emits is built here (`varying_while_loop`), which also hides the initial
+values of the loop's counters from XLA (`opaque_counters`). See
+`docs/architecture.md`, "Inside shard_map".
 """
 
 from typing import Any
@@ -44,15 +30,13 @@ def opaque_counters(tree):
     `lax.optimization_barrier`, so that XLA cannot see its value.
 
     XLA's while-loop simplifier (the HLO pass `simplify-while-loops`) reasons from a
-    loop's constant initial values into its body: on a TPU it drops a
-    `select(i > 0, ...)` from a loop whose counter `i` starts at a constant 0, so step
-    0 reads what step -1 would have written (JAX 0.10.2, TPU v5e; see the docs page
-    "Correct on TPU"). A barrier on the initial value makes it opaque to that pass.
-    Only integer and boolean leaves (counters, indices, flags: what the pass reasons
-    from) are hidden; floating leaves are left alone, since the barrier's JVP rule
-    would give their symbolic-zero tangents a value. One barrier per leaf keeps each
-    leaf's type inside `shard_map` (one barrier over several operands would join
-    their varying axes).
+    loop's constant initial values into its body, and on a TPU miscompiles a loop
+    whose counter starts at a constant (the docs page "Correct on TPU"); a barrier on
+    the initial value makes it opaque to that pass. Only integer and boolean leaves
+    (counters, indices, flags: what the pass reasons from) are hidden: the barrier's
+    JVP rule would give floating leaves' symbolic-zero tangents a value. One barrier
+    per leaf keeps each leaf's type inside `shard_map` (one barrier over several
+    operands would join their varying axes).
     """
 
     def hide(x):

@@ -1,20 +1,8 @@
 """The buffer checks at run time (inside `bl.buffer_checks()`): each location
-written at most once, and no read whose gradient would see a later write.
-
-Breaking the rules leaves a loop's values as a `jnp` array's would be (a buffer is
-written in place, in order), so only the gradient can be wrong, and the checks run
-in the reverse sweep, without tracing the body again. The sweep keeps one bool per
-buffer element, the locations that the steps already reversed wrote, updated in
-place, and replays each reversed step's writes and reads against it
-(`BufferUpdates`, in the order `Layout.sites` records):
-
-- a write there: the location was written twice;
-- a read whose cotangent is nonzero there: it read the value from before a later
-  write, but the backward pass reads the buffer as the loop left it.
-
-The first violation in the loop's order (the last found) is raised once after the
-sweep, attached to what it returns, naming the buffer, step, index and line.
-Nothing in the loop waits for the host.
+written at most once, and no read whose gradient would see a later write. They run
+in the reverse sweep (`reverse_check`), without tracing the body again, and the first
+violation is raised once after it: nothing in the loop waits for the host. See
+`docs/guides/buffers.md`, "Checking the rule".
 """
 
 import dataclasses
@@ -88,17 +76,11 @@ def reverse_initial(step, bufs, name: str | None):
 
 
 def reverse_check(check: ReverseCheck, step, updates, i) -> ReverseCheck:
-    """`check` after reversing step `i`, whose `BufferUpdates` are `updates`.
-
-    Both rules matter to the gradient only, and both are checked against the
-    locations the loop wrote later (at a later step, or later in this one), which
-    the backward pass sees because it reads the buffer as the loop left it:
-
-    - a write there: the location was written twice;
-    - a read whose cotangent is nonzero there: the forward read the value from
-        before that write, the gradient would use the later one. A read whose
-        value does not matter (multiplied by zero, or dropped by `jnp.where`) has
-        a zero cotangent there and passes.
+    """`check` after reversing step `i`, whose `BufferUpdates` are `updates`. Against
+    the locations the loop wrote later (at a later step, or later in this one), which
+    the backward pass sees, a write there (the location was written twice) and a
+    read whose cotangent is nonzero there (the forward read the value from before
+    that write) are violations: see `docs/guides/buffers.md`, "Checking the rule".
     """
     layout = step.layout
     sites = {(s.kind, s.number): (n, s) for n, s in enumerate(layout.sites)}

@@ -1,12 +1,6 @@
 """The checkpoint store: what the checkpointed forward sweep leaves for the reverse
-sweep (`CheckpointStore`).
-
-Checkpoint storage is a row per slot: one stacked array per carry leaf, except that
-integer and boolean scalar leaves sharing a dtype are packed into one stacked array
-(floating ones are not: each keeps its own tangent, see `empty`), and that a leaf
-the loop never changes is kept once. Writes are branch-free: a store that is not due
-writes past the end, which the update drops (`set_where`), so the storage is updated
-in place and never copied whole.
+sweep (`CheckpointStore`), its rows of stored carries (`Storage`) and their
+branch-free writes (`set_where`).
 """
 
 from typing import Any, NamedTuple

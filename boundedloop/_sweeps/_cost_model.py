@@ -1,26 +1,6 @@
 """The static cost estimates that pick how the sweeps run, and their thresholds, in
-one place. Each choice changes only speed and compile time, never a result.
-
-- **Cheap steps** (`is_cheap`): a body whose steps cost about what a sweep's
-  control costs gets nested loops in the reverse sweep that save control work on
-  every step; each is one more loop (and copy of the step) for XLA to compile, which
-  costs more the larger the body is. On a CPU they save next to nothing when the
-  body's own arithmetic dominates; on a TPU they save time at any work, but their
-  compile costs more than the gradient's compile target allows. (The forward sweep
-  always runs its steps in a loop of their own between stores: see
-  `_forward_sweeps.checkpointed_sweep`.)
-- **Loops that run in order** (`runs_in_order`): on a CPU, XLA runs a loop body's
-  operations one after another on the calling thread when none of them touches
-  more than `IN_ORDER_BYTES`; past that, as a graph of tasks on a thread pool,
-  which hands work between threads on every iteration. Where every array of a
-  small loop can stay that small, the sweeps keep them so: storage unpacked
-  (`_checkpoint_store.empty`), the store rule computed rather than read from a
-  table (`_store_rules.store_rule`), the recomputation's split found by a loop
-  rather than a table (`_recompute.split_rule`).
-- **Reads ordered before in-place writes** (`orders_buffer_reads`): a reversed step
-  whose buffers' cotangents are large runs inside an always-true `lax.cond`, so that
-  XLA updates them in place rather than copying them whole every step (see
-  `_reverse_sweep.reverse_step`); small ones are cheaper to copy.
+one place. Each choice changes only speed and compile time, never a result: see
+`docs/architecture.md`, "The cost model".
 """
 
 import math

@@ -3,13 +3,9 @@ reverse sweep) and replay (the same steps again, for forward-mode tangents).
 
 Each runs the body while the predicate holds and fewer than `max_steps` steps have
 been taken. Where buffers (or, for the checkpointed sweep, checkpoint bookkeeping)
-are carried, the sweep keeps its control unbatched under `vmap`: it runs while any
-element is still going and masks the elements that have stopped, instead of letting
-`lax.while_loop`'s batching select (and so copy) every carried array per step. The
-schedule is then shared by the whole batch and each element counts its own trip.
-
-Each sweep is a named scope (`boundedloop_forward`, ...), so jaxprs and profiles
-show which phase a loop is.
+are carried, the sweep keeps its control unbatched under `vmap` and masks the
+elements that have stopped (`docs/guides/vmap.md`). Each sweep is a named scope
+(`boundedloop_forward`, ...), so jaxprs and profiles show which phase a loop is.
 """
 
 from typing import Any, NamedTuple
@@ -121,8 +117,8 @@ def _store_event(rule, t, x, stores: _Stores, going) -> _Stores:
         storage=_checkpoint_store.store(stores.storage, slot, x, when),
         # a slot in use is counted once, after the loop: a second read of
         # `positions` here made XLA copy it at every store event, and the loop too
-        # large for XLA's CPU backend to compile it into one kernel (2.9x slower
-        # per step on a one-element state at 37 checkpoints)
+        # large for XLA's CPU backend to compile it into one kernel
+        # (`benchmarks/results/design_notes.md`)
         positions=_checkpoint_store.set_where(positions, slot, t, when),
         rule=decision.state,
         stop=decision.stop,
@@ -171,9 +167,8 @@ def checkpointed_sweep(loop: TracedLoop, config: LoopConfig, perturbed=None):
 
     With a rule, a loop over store events, each followed by a tight loop of steps up
     to the next one, so that no step pays for a store it does not make (a store
-    writes every carry leaf: on a diffrax solver state, storing where due in a
-    single loop made the checkpointed forward 1.2 times slower); without one (every
-    step stored), one loop that stores each step.
+    writes every carry leaf; `benchmarks/results/design_notes.md`); without one
+    (every step stored), one loop that stores each step.
 
     `perturbed`, optional, one bool per carry leaf, lets the storage pack floating
     scalars by whether they are perturbed (see `_checkpoint_store.empty`).

@@ -1,11 +1,7 @@
 """Recomputation in the reverse sweep: from the top checkpoint to the input of the
-next step to reverse, storing the checkpoints the binomial schedule places on the way.
-
-Once the forward sweep has ended the trip count is known, so each segment between
-stored checkpoints is split offline-optimally (Griewank and Walther's binomial
-schedule, `_schedule.revolve_split`, here in-graph: `split_rule`). The
-recomputation is tight loops of forward steps between store events, so the
-schedule's arithmetic runs once per stored checkpoint.
+next step to reverse, storing the checkpoints the binomial schedule places on the way
+(`_schedule.revolve_split`, here in-graph: `split_rule`), in tight loops of forward
+steps between store events.
 
 The checkpoints form a stack ordered by position. `order[:depth]` are the slots in
 use, bottom to top; `order[depth:]` are free. The top segment `[order_pos[top],
@@ -76,8 +72,8 @@ def split_rule(slots: int, max_steps: int | None, in_order: bool = False) -> Cal
         k = jnp.clip(k, 1, slots)
         # the repetition number: the first r with C(k + r, k) >= length (clipped:
         # still valid): the row increases, so r counts its entries below `length`.
-        # One vectorized compare; measured faster than a scalar while loop or an
-        # unrolled binary search, and it adds no loop iterations.
+        # One vectorized compare, which adds no loop iterations (faster than the
+        # alternatives: `benchmarks/results/design_notes.md`).
         r = jnp.sum(table[k] < length, dtype=jnp.int32)
         r = jnp.minimum(r, last)
         r1 = jnp.maximum(r - 1, 0)
@@ -93,8 +89,8 @@ def _all_splits(slots: int, max_length: int) -> np.ndarray:
     """Every split `split_rule` looks up: `splits[k, l] = revolve_split(l, k)` for
     `1 <= k <= slots` (row 0 as row 1) and `l <= max_length`, found as its computed
     form finds it (the first `r` with `C(k + r, k) >= l`), in NumPy: vectorized over
-    the lengths (9 ms at 16 slots and 16384 steps, where calling `revolve_split`
-    for each takes 0.5 s of tracing; the tests hold the two equal)."""
+    the lengths, which is much faster than calling `revolve_split` for each
+    (`benchmarks/results/design_notes.md`); the tests hold the two equal."""
     lengths = np.arange(max_length + 1, dtype=np.int64)
     table = binomial_table(slots, max_length).astype(np.int64)
     rows = [np.maximum(lengths - 1, 0)] * 2  # no slot is as one: `l - 1`
@@ -185,10 +181,6 @@ def make_sweep(
         sorted_pos,
         order,
     )
-
-
-def initial_stack(sw: Sweep) -> Stack:
-    return Stack(sw.tape.used, sw.sorted, sw.tape.storage)
 
 
 def forward(sw: Sweep, i, x):

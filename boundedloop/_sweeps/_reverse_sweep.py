@@ -1,17 +1,8 @@
-"""The reverse sweep: cotangents from the last step to the first.
-
-Once the forward sweep has ended the trip count is known, so each segment between
-stored checkpoints is reversed offline-optimally (Griewank and Walther's binomial
-schedule). Each iteration of the sweep's loop recomputes the input of step `end - 1`
-from the top checkpoint, storing the checkpoints the schedule places on the way
-(`_recompute.py`), and reverses that step (a vector-Jacobian product).
-
-A body with cheap steps (see `_cost_model`) gets two more loops, so that loop
-iterations stay close to body evaluations: once the rest of a segment fits the free
-slots, a loop of a step and a store per iteration; and after the recomputed step, a
-loop that reverses the steps below it for as long as the next step's input is on
-top of the stack. Costlier steps dwarf this control, and each loop is one more to
-compile. `tests/schedule_reference.reverse_events` is the sweep's pure-Python twin.
+"""The reverse sweep: cotangents from the last step to the first. Each iteration of
+its loop recomputes the input of step `end - 1` from the top checkpoint
+(`_recompute.py`) and reverses that step (a vector-Jacobian product); a body with
+cheap steps gets two more loops (`docs/architecture.md`, "The cost model").
+`tests/schedule_reference.reverse_events` is the sweep's pure-Python twin.
 
 ??? cite "References"
 
@@ -41,7 +32,7 @@ from .._runtime._shard_map import varying_while_loop
 from .._tracing._loop import LoopConfig
 from . import _buffer_checks, _checkpoint_store, _cost_model
 from ._checkpoint_store import CheckpointStore
-from ._recompute import initial_stack, make_sweep, recompute, Stack, Sweep
+from ._recompute import make_sweep, recompute, Stack, Sweep
 from ._step import ReversibleStep
 
 
@@ -93,13 +84,12 @@ def reverse_step(sw: Sweep, state: ReverseState, i, x) -> ReverseState:
         shapes = jax.eval_shape(reverse, state.ct, state.ct_body)[2]
     if shapes is not None and not sw.step.wholly_read(shapes, state.ct_bufs):
         # `i == end - 1` always holds. The `lax.cond` is there for XLA: the
-        # buffers' cotangents are read inside it and updated in place after it,
-        # and only that data dependence lets XLA order the read before the
-        # write instead of copying the whole cotangent every step. It is left
-        # out without buffers (its operands would take memory of their own),
-        # with small ones (a copy of them costs less than the conditional), and
-        # when the step reads a whole buffer (its update touches all of the
-        # cotangent anyway: `benchmarks/results/thresholds.md`).
+        # buffers' cotangents are read inside it and updated in place after it, and
+        # only that data dependence lets XLA order the read before the write instead
+        # of copying the whole cotangent every step. Not without buffers (its
+        # operands would take memory of their own), with small ones (a copy costs
+        # less), or when the step reads a whole buffer (its update touches all of
+        # the cotangent anyway: `benchmarks/results/thresholds.md`).
         no_updates = sw.step.no_updates(shapes, state.ct_bufs)
         ct, ct_body, updates = lax.cond(
             i == state.end - 1,
@@ -169,9 +159,9 @@ def _steps_left(state: ReverseState):
 
     XLA's trip-count analysis (jaxlib 0.10) takes a loop condition that reads one
     carried scalar for an induction variable, and then copies whatever computes that
-    scalar in the body, nested loops and all, on each pass that asks: with the
-    reverse-and-pop loop nested here that was 0.04 s of a 0.5 s compile. A condition
-    on two carried scalars has no single induction variable, and is passed over."""
+    scalar in the body, nested loops and all, on each pass that asks (what that cost:
+    `benchmarks/results/design_notes.md`). A condition on two carried scalars has no
+    single induction variable, and is passed over."""
     return (state.end > 0) | (state.stack.depth < 0)
 
 
@@ -209,7 +199,7 @@ def reverse_sweep(
     sweep = make_sweep(step, tape, ct_final, config)
     state = ReverseState(
         tape.length,
-        initial_stack(sweep),
+        Stack(tape.used, sweep.sorted, tape.storage),
         carried(sweep, ct_final),
         ct_bufs,
         step.zero_ct_body(),

@@ -12,15 +12,9 @@ Terms used throughout:
   stored start with `k` slots are `r l - C(k + r, r - 1)`, `r` its `repetitions`
   (Griewank and Walther 2000).
 
-What a placement costs, the hindsight optimum and the reverse sweep's twin, event for
-event, are the tests' (`tests/schedule_reference.py`).
-
-The forward placement is online: the trip count is unknown until the loop ends. At
-each step `t` the forward may overwrite one slot with `x_t`; `online_stores` says
-when and which, from `t` and `c` alone (see there). The compiled loop makes the
-same choices (`_store_rules.py`): from a table of them, listed here, when the loop
-is bounded by at most `_store_rules.TABLE_STEPS` (16384) steps, and as it runs
-otherwise, so that nothing is planned ahead and any trip count is placed alike.
+The forward's placement is online (`online_stores`), the reverse sweep's offline
+(`revolve_split`): see `docs/architecture.md`, "Where checkpoints go". What a
+placement costs and the hindsight optimum are the tests' (`tests/schedule_reference.py`).
 """
 
 import bisect
@@ -173,13 +167,8 @@ def online_stores(n: int, slots: int) -> list[tuple[int, int]]:
       every position stands in for a target, the same choice among all.
 
     Choices depend on `t` and `slots` only, so a longer loop's stores extend a
-    shorter loop's. Against the hindsight optimum (`2n` plus its recomputation)
-    the worst ratio over `n <= 2000` is 1.097 at two slots (the least any online
-    placement can guarantee there is 1.0967: `tests/test_schedule.py`), 1.084 at
-    3, 1.057 at 4, 1.029 at 8 and 1.009 at 16; at 32 slots it is 1.000015 at
-    `10**6` steps and 1.000006 at `10**7` (`benchmarks/results/long_loop.txt`),
-    with no planning horizon. The
-    recomputation alone against the optimum's: `benchmarks/online_schedule.py`.
+    shorter loop's. How close it comes to the hindsight optimum:
+    `benchmarks/results/design_notes.md`, `_sweeps/_schedule.py`.
     """
     # `x_0` in slot 0, even if the loop takes no step; then the free slots
     stores = [(t, t) for t in range(min(max(n, 1), slots))]

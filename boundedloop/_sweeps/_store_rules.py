@@ -1,18 +1,5 @@
-"""Where the checkpointed forward stores: a rule it consults at each store event.
-
-The forward sweep runs its steps in a tight loop up to the next *store event*; at
-each event a rule says whether to store the current state, in which slot, and where
-the next event is. Two rules:
-
-- `OnlineRule`: the rule of `_schedule.online_stores`, computed in the loop from a
-  few arrays of one entry per slot that it carries. Nothing is planned while
-  tracing, so any trip count is placed alike: for unbounded loops and bounds past
-  `TABLE_STEPS`.
-- `TableRule`: the stores listed while tracing, replayed from a table: the same
-  `online_stores` up to a bound of `TABLE_STEPS`, or a scan's
-  `_schedule.offline_stores` (its trip count is known).
-
-Both keep the choice unbatched: under `vmap` the whole batch shares one schedule.
+"""Where the checkpointed forward stores: a rule it consults at each store event,
+`OnlineRule` or `TableRule` (see `docs/architecture.md`, "Where checkpoints go").
 """
 
 import functools
@@ -68,9 +55,7 @@ class OnlineRule:
     next regime's bands are computed in a branch taken once a regime. All of it is
     exact int32 arithmetic (no float rounding, which differs between backends:
     a TPU divides otherwise than NumPy), so every backend places alike. At run time
-    they cost no more than a table lookup: a width-4 Euler gradient at 32 slots
-    takes 0.93 to 0.95 times as long unbounded as with a table
-    (`max_steps=16384`) at 10**3 and 10**4 steps.
+    they cost no more than a table lookup (`benchmarks/results/design_notes.md`).
     """
 
     def __init__(self, slots: int):
@@ -157,9 +142,8 @@ def _merge(held, t, bands, grown):
     # `ext`: `positions[s]` stands in for one in `[ext[s], ext[s + 1])` and is kept
     goal = grown[slots] - grown[slots - 1 : 0 : -1]  # increasing
     # a binary search unrolled (no loop), `slots * log2(slots)` comparisons: a
-    # comparison of every pair would take `slots**2` of them (and memory; at 64
-    # slots that array made a CPU run the loop's body as a task graph, 3.3x
-    # slower on a one-number state). Up to `COMPARE_ALL` slots every pair is
+    # comparison of every pair would take `slots**2` of them, and memory
+    # (`benchmarks/results/design_notes.md`). Up to `COMPARE_ALL` slots every pair is
     # compared: the search over one target (`slots = 2`) lowers to a one-step loop
     # from a known counter, which no loop of ours may have (`opaque_counters`)
     method = "compare_all" if slots <= COMPARE_ALL else "scan_unrolled"
@@ -212,9 +196,8 @@ class TableRule:
         return Decision(store, slot, cursor, self.steps[cursor])
 
 
-# bounds up to this many steps replay a table (listing it takes 4 ms of Python at 16
-# slots, 15 ms at 1000, 44 ms at 256, the slowest); longer and unbounded loops
-# decide as they run
+# bounds up to this many steps replay a table (what listing it costs:
+# `benchmarks/results/design_notes.md`); longer and unbounded loops decide as they run
 TABLE_STEPS = 16384
 
 

@@ -1,10 +1,6 @@
-"""In-place buffers inside the loop.
-
-Inside `body_fun` every array leaf named by `buffers=` is a `Buffer`: it supports
-`buf[i]` and `buf.at[i].set(x, pred=p)`. Buffers are carried as one copy, never
-checkpointed: the reverse sweep reads the final buffer, which holds every value ever
-written because each location is written at most once. Cotangents are kept in a
-buffer-sized array too and touched only where the body reads or writes.
+"""In-place buffers inside the loop: the `Buffer` the body sees, and the trace of a
+step's reads and writes (`StepTrace`). What a buffer supports, and the rule that lets
+one copy serve the reverse sweep: `docs/guides/buffers.md`.
 
 To differentiate a step sparsely, each read returns `buf[idx]` with a *dummy* input
 standing in for its tangent (`_read` below), so the step's VJP with respect to the
@@ -14,6 +10,7 @@ index may be, and how it is read and written in place, is in `_indexing`.
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import os
 import sys
@@ -118,9 +115,6 @@ class StepTrace:
         """Each buffer's newest array."""
         return [versions[-1] for versions in self.history]
 
-    def name(self, leaf: int) -> str:
-        return self.names[leaf]
-
     def latest(self, leaf: int) -> int:
         return len(self.history[leaf]) - 1
 
@@ -168,7 +162,7 @@ class StepTrace:
         `jax.jit`, ...): what it writes there would be that trace's, and escape it."""
         if jax.extend.core.get_opaque_trace_state() != self.trace_state:
             raise ValueError(
-                f"A `bl.Buffer` ({self.name(leaf)}) was {what} "
+                f"A `bl.Buffer` ({self.names[leaf]}) was {what} "
                 "inside a JAX transformation nested in `body_fun` (`lax.cond`, "
                 "`lax.switch`, an inner `lax` loop, a `jax.jit`- or `jax.vmap`-ed "
                 "function, ...). Buffers are written, and read at traced indices, only "
@@ -182,7 +176,7 @@ class StepTrace:
             return
         later = next(s for s in self.sites if s.leaf == leaf and s.version >= version)
         raise ValueError(
-            f"A `bl.Buffer` ({self.name(leaf)}) was {what} through "
+            f"A `bl.Buffer` ({self.names[leaf]}) was {what} through "
             f"a version of it that was already written (at {later.where}). A buffer "
             "is updated in place, so its writes must form one chain: write to the "
             "result of the previous write (`buf = buf.at[i].set(x)`), and hand on "
@@ -245,7 +239,7 @@ def _check_not_written_here(trace: StepTrace, leaf: int, index: Index):
         theirs = _static_cells(w.index, shape)
         if theirs is not None and mine & theirs:
             raise ValueError(
-                f"A `bl.Buffer` ({trace.name(leaf)}) is written "
+                f"A `bl.Buffer` ({trace.names[leaf]}) is written "
                 f"twice in one step at {index.describe(shape)}: at {site.where}, then "
                 f"at {user_line()}. Each location of a buffer may be written at "
                 "most once in a loop."
@@ -281,7 +275,7 @@ def check_returned_newest(trace: StepTrace, returned: "Buffer", name: str):
     ]
     raise ValueError(
         f"`{name}`: the result of a write to a `bl.Buffer` "
-        f"({trace.name(leaf)}) at {dropped[0].where} is never "
+        f"({trace.names[leaf]}) at {dropped[0].where} is never "
         "used: `body_fun` returns the buffer as it was before that write. A "
         "buffer is updated in place, so the write would still happen; use its "
         "result (`buf = buf.at[i].set(x)`) and return that, or remove the write."
@@ -431,7 +425,7 @@ def _not_a_jax_value(buffer: Buffer):
 
     A `ValueError`: JAX re-raises a `TypeError` from here as its own error."""
     raise ValueError(
-        f"A `bl.Buffer` ({buffer._trace.name(buffer._leaf)}) was passed to a "
+        f"A `bl.Buffer` ({buffer._trace.names[buffer._leaf]}) was passed to a "
         "JAX operation or transformation as an array (to `lax.cond`, `lax.switch`, "
         "`lax.select`, `jnp.where`, a `jax.jit`-ed function, ...). A buffer is not "
         f"an array and cannot leave the top level of `body_fun`. {_INSTEAD}"
@@ -530,16 +524,9 @@ def lend_buffers(init_val, buffers_fn):
 def lent_gate(lent):
     """Where the outer loops whose buffers an inner loop was lent are live (a scalar
     bool), or `None` if it was lent none: the inner loop writes them only there."""
-    gates = []
-    for _, buffer in lent:
-        if not any(buffer._trace is trace for trace, _ in gates):
-            gates.append((buffer._trace, buffer._trace.live))
-    if not gates:
-        return None
-    gate = gates[0][1]
-    for _, live in gates[1:]:
-        gate = jnp.logical_and(gate, live)
-    return gate
+    traces = {id(buffer._trace): buffer._trace for _, buffer in lent}
+    gates = [trace.live for trace in traces.values()]
+    return functools.reduce(jnp.logical_and, gates) if gates else None
 
 
 def return_buffers(out, lent):

@@ -46,7 +46,7 @@ def check_carry_match(init, out, name: str, what: str = "body_fun") -> None:
 
 def _leaf_mismatch(where: str, a, b, what: str) -> tuple[type, str] | None:
     """How output leaf `b` differs from input leaf `a`, or `None`."""
-    a_array, b_array = _is_arraylike(a), _is_arraylike(b)
+    a_array, b_array = is_carried_shape(a), is_carried_shape(b)
     if a_array != b_array:
         return TypeError, (
             f"the input carry component {where} is {_describe(a)} but `{what}` "
@@ -73,7 +73,7 @@ def _leaf_mismatch(where: str, a, b, what: str) -> tuple[type, str] | None:
 
 def check_predicate(pred, name: str, what: str = "cond_fun") -> None:
     """Raise unless `pred` (abstract) is a scalar boolean."""
-    if not _is_arraylike(pred):
+    if not is_carried_shape(pred):
         raise TypeError(
             f"`{name}`: `{what}` must return a scalar boolean array, got {pred!r}."
         )
@@ -85,7 +85,13 @@ def check_predicate(pred, name: str, what: str = "cond_fun") -> None:
         )
 
 
-def _is_arraylike(x) -> bool:
+def is_carried(x) -> bool:
+    """Leaves carried as arrays: JAX and NumPy arrays and Python numbers."""
     return isinstance(
-        x, jax.Array | jax.ShapeDtypeStruct | np.ndarray | np.generic
-    ) or isinstance(x, bool | int | float | complex)
+        x, jax.Array | np.ndarray | np.generic | bool | int | float | complex
+    )
+
+
+def is_carried_shape(x) -> bool:
+    """A carried leaf, or its shape (a `jax.ShapeDtypeStruct`)."""
+    return isinstance(x, jax.ShapeDtypeStruct) or is_carried(x)

@@ -1,14 +1,7 @@
 """Closure conversion: a traced function as a module whose closed-over arrays are
-leaves, so that the loop's custom JVP sees (and differentiates) them.
-
-`eqx.filter_closure_convert` does this too, but it insists that every later call
-passes arguments with exactly the example arguments' shardings. Inside
-`jax.shard_map` that is never so for the loop's own scalars (a flag created outside
-the loop has no sharding; inside it, it has the manual mesh's), so the loop could not
-run there. Here only the tree structure and the non-array arguments are checked;
-shapes and dtypes are fixed by the loop, which feeds the body its own outputs. Inside
-`shard_map` the arguments are cast to vary over every manual axis, when traced and
-when called, so the replayed jaxpr always sees the types it was traced with.
+leaves, so that the loop's custom JVP sees (and differentiates) them. Unlike
+`eqx.filter_closure_convert`, it works inside `jax.shard_map`: see
+`docs/architecture.md`, "Inside shard_map".
 """
 
 from collections.abc import Callable
@@ -148,14 +141,10 @@ def _retyped(jaxpr, consts, avals, out_axes=None):
     return jax.make_jaxpr(replay)(*avals)
 
 
-# A higher-order primitive in the body (a nested loop's custom JVP, a `lax` loop, a
-# `cond`, `jax.checkpoint`) holds jaxprs traced when the body was. Inside
-# `shard_map` they cast values the body closes over to vary (`pvary`); the loop
-# passes those values in varying already, and JAX's own evaluation or
-# linearization of the inner jaxprs would cast them again, which `pvary` rejects.
-# Each rule here traces its primitive's jaxprs again through `_replay` for the
-# operands `invals`' types, and returns the parameters and the operands (a loop's
-# carry cast to vary where its step now makes it vary).
+# Each rule traces a higher-order primitive's jaxprs again through `_replay` for the
+# operands `invals`' types (why: `docs/architecture.md`, "Inside shard_map"), and
+# returns the parameters and the operands (a loop's carry cast to vary where its
+# step now makes it vary).
 
 
 def _retyped_custom_jvp(params, invals):

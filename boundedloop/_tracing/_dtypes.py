@@ -1,23 +1,11 @@
-"""The carry's dtypes and weak types, decided as `lax.while_loop` decides them.
-
-A Python number in the initial carry is weakly typed. `lax.while_loop` traces the
-body once; where a weakly typed initial value and the body's output there differ in
-type, it promotes the initial value to their common dtype (strongly typed) and
-traces again. The loop's results then have the types of the body's outputs, weak
-types included. `bl.while_loop` follows the same rule, so results are
-interchangeable under `jax_numpy_dtype_promotion='strict'`.
-
-Inside the compiled loops every carried array is strongly typed; the body is traced
-with the weak types lax would give it (so the dtypes it computes are lax's), and
-the weak types of the results are restored at the end.
+"""The carry's dtypes and weak types, decided as `lax.while_loop` decides them (see
+`docs/architecture.md`, "Tracing").
 """
 
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
-
-from .._runtime._jax_private import weakly_typed
 
 
 def is_inexact(x) -> bool:
@@ -40,12 +28,6 @@ def strong(x):
     """`x` as a strongly typed array of the same dtype."""
     x = jnp.asarray(x)
     return jax.lax.convert_element_type(x, x.dtype)
-
-
-def weak(x):
-    """`x` as a weakly typed array of the same dtype."""
-    # the public `convert_element_type` always returns a strongly typed array
-    return weakly_typed(x)
 
 
 def weak_dtype(value, like):

@@ -1,16 +1,8 @@
-"""Buffer indices: what `buf[idx]` and `buf.at[idx]` accept, split into a static
-pattern and traced integers, and reads and writes through them that stay in place.
-
-An index is any basic NumPy index: integers (Python or traced scalars), slices with
-static bounds, and `...`, in any combination. Each axis of the buffer is then either
-picked by an integer (and dropped from the result) or cut by a static slice. Reads
-and writes are one `lax.dynamic_slice` / `lax.dynamic_update_slice` of the window
-the index covers (a strided slice takes a static gather or scatter inside that
-window), so XLA updates a buffer in place.
-
-Integers count from the end when negative, as NumPy's do. Out of range, a Python
-integer is an `IndexError` (as for a `jnp` array); a traced one is clamped when read
-and its write is dropped (see `Index.in_bounds`), as `jnp` reads and writes do.
+"""Buffer indices: what `buf[idx]` and `buf.at[idx]` accept (NumPy's basic indices,
+as `docs/guides/buffers.md`, "What a buffer supports", lists them), split into a
+static pattern and traced integers, and reads and writes through them that stay in
+place: one `lax.dynamic_slice` / `lax.dynamic_update_slice` of the window the index
+covers (a strided slice takes a static gather or scatter inside that window).
 """
 
 import equinox as eqx

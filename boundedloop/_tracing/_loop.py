@@ -1,7 +1,6 @@
-"""The traced loop as data: the `TracedLoop` (the user's functions, traced once, and
-the initial arrays), the carry's `Layout`, what the traced body takes and returns,
-which carry leaves are perturbed, and the `LoopConfig` (what the loop was asked
-for). `_trace` makes them; the sweeps and the derivatives read them."""
+"""The traced loop as data (`TracedLoop`, with the carry's `Layout`, the traced
+body's `StepIn` and `StepOut`, and `Perturbed`) and what it was asked for
+(`LoopConfig`). `_trace` makes them; the sweeps and the derivatives read them."""
 
 from collections.abc import Callable
 from typing import Any, NamedTuple

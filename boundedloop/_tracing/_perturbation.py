@@ -1,17 +1,5 @@
-"""Which carry leaves a differentiated loop perturbs: a fixed point over the body.
-
-A carry leaf is perturbed if its initial value has a tangent, or if the body makes
-it depend on a perturbed leaf or on a perturbed array the body closes over. Only
-perturbed leaves get tangents and cotangents, as with `lax.while_loop`'s JVP: a time
-variable or a step-size controller that does not depend on what is differentiated
-(and that a client may guard with `lax.stop_gradient` or
-`equinox.internal.nondifferentiable`) is never given one, and the reverse sweep does
-no work for it.
-
-Dependence is read off the body's JVP with symbolic zeros (`jvp_jaxpr`, as
-`lax.while_loop` does), so `stop_gradient` and custom JVP rules are respected.
-Forward mode hands the answer on to `lax.while_loop`'s JVP (`seeded_tangents`), so
-that its own search ends at its first round.
+"""Which carry leaves a differentiated loop perturbs: a fixed point over the body,
+read off its JVP with symbolic zeros (see `docs/architecture.md`, "Tracing").
 """
 
 import equinox as eqx

@@ -1,14 +1,8 @@
-"""A read of a buffer location that a later step writes, found while tracing.
-
-A read sees the buffer as it is at that point of the loop, as a `jnp` array's would;
-the backward pass sees it as the loop left it. So a read of a location that a later
-step writes makes the gradient wrong wherever the value read matters. Whether it
-matters is known only at run time (`bl.buffer_checks`); that a later step writes it
-is often clear from the body alone: the read is at `i + r` and an unconditional
-write at `i + w`, for a carry leaf `i` that every step advances by `k`, with
-`(r - w) / k` a whole number of steps ahead, fewer than `max_steps` (or the same
-step, the read before the write). `warn_reads_ahead` looks for that in the traced body's jaxpr and warns: the
-value read may yet be dropped (`jnp.where`), so it is not an error.
+"""A read of a buffer location that a later step writes, found while tracing: a read
+at `i + r` and an unconditional write at `i + w`, for a carry leaf `i` that every step
+advances by `k`, `(r - w) / k` whole steps ahead (fewer than `max_steps`) or later in
+the same step. A warning, not an error: the value read may yet be dropped. See
+`docs/guides/buffers.md`, "Checking the rule".
 """
 
 import warnings

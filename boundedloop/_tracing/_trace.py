@@ -1,9 +1,8 @@
 """Tracing the user's functions: splitting the carry into traced arrays and static
 values, checking `cond_fun` and `body_fun` against it as `lax.while_loop` does, and
-closure-converting them into a `TracedLoop`.
-
-The traced body speaks one protocol, `body(StepIn) -> StepOut`, on the carry's array
-leaves split into `x` (ordinary leaves) and `bufs` (buffer leaves).
+closure-converting them into a `TracedLoop`, whose body speaks one protocol,
+`body(StepIn) -> StepOut`, on the carry's array leaves split into `x` (ordinary
+leaves) and `bufs` (buffer leaves).
 """
 
 import dataclasses
@@ -25,17 +24,15 @@ from ._buffers import (
     find_buffers,
     StepTrace,
 )
-from ._carry_checks import check_carry_match, check_predicate
+from ._carry_checks import (
+    check_carry_match,
+    check_predicate,
+    is_carried,
+    is_carried_shape,
+)
 from ._closure import closure_convert, with_inputs_added
 from ._dtypes import is_weak, promote_weak_inputs, strong, weak_dtype
 from ._loop import Layout, StepIn, StepOut, TracedLoop
-
-
-def is_carried(x) -> bool:
-    """Leaves carried as arrays: JAX and NumPy arrays and Python numbers."""
-    return isinstance(x, jax.Array | np.ndarray | np.generic) or (
-        isinstance(x, bool | int | float | complex)
-    )
 
 
 def _returns_weak_scalars_cast(out, like):
@@ -115,7 +112,7 @@ def _generic_body(
                 raise TypeError(
                     f"`{name}`: `body_fun` must return each buffer it was given "
                     "(the result of `buf.at[i].set(...)`, or `buf` itself) in the "
-                    f"same place of the carry ({trace.name(j)})."
+                    f"same place of the carry ({trace.names[j]})."
                 )
             check_returned_newest(trace, returned, name)
         new_x, _ = layout.split(leaves)
@@ -231,7 +228,3 @@ def _out_avals(out, init) -> list:
         for x, v in zip(jtu.tree_leaves(init), jtu.tree_leaves(out))
         if is_carried_shape(x)
     ]
-
-
-def is_carried_shape(x) -> bool:
-    return isinstance(x, jax.ShapeDtypeStruct) or is_carried(x)
