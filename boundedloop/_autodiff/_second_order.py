@@ -32,7 +32,7 @@ from .._tracing._dtypes import is_inexact
 from .._tracing._loop import LoopConfig, TracedLoop
 from ._jvp_primitive import custom_jvp_spec, loop_jvp, Passes, Primal
 from ._loop_jvp import LoopJVP
-from ._loop_parts import Residuals
+from ._loop_parts import LoopParts, Residuals
 from ._tangent_primitive import outputs_and_tangent
 
 
@@ -85,6 +85,30 @@ def gradient_and_hvp(loop_fn, loop, config, cts, direction=None):
     return j_v, combine(g), combine(h_v)
 
 
+def _reverse_of_tape(parts: LoopParts, where, wanted):
+    """`(loop, tape, ct_x, ct_bufs, perturbed) -> cotangents of the loop's leaves
+    at `where``: the reverse sweep over `tape`, behind `linearizable` without a
+    transpose (forward mode through it works; a third reverse pass raises our
+    error)."""
+    config = parts.config
+
+    def first_order(loop, tape, ct_x, ct_bufs, perturbed):
+        step = ReversibleStep(loop.body, loop.layout, wanted[0], perturbed)
+        ct_in = reverse_sweep(step, tape, ct_x, ct_bufs, config)
+        return parts.at_leaves(wanted, ct_in, where)
+
+    def reverse(loop, tape, ct_x, ct_bufs, perturbed):
+        operands, rebuild = flat((loop, tape, ct_x, ct_bufs))
+        run = linearizable(
+            lambda ops: first_order(*rebuild(ops), perturbed),
+            None,
+            parts.effects,
+        )
+        return run(*operands)
+
+    return reverse
+
+
 class ReverseOverAnything(LoopJVP):
     """The loop's JVP (`LoopJVP`), with the passes that make its gradient and its JVP
     differentiable in reverse mode once more: the checkpointed sweep, the reverse
@@ -122,7 +146,7 @@ class ReverseOverAnything(LoopJVP):
 
         def transpose(where, inexact):
             wanted = self.parts.wanted_at(where)
-            reverse = self._reverse_of_tape(where, wanted)
+            reverse = _reverse_of_tape(self.parts, where, wanted)
 
             def vjp(res, cts):
                 n = len(res) - swept_def.get().num_leaves
@@ -144,29 +168,6 @@ class ReverseOverAnything(LoopJVP):
             *leaves
         )
         return jtu.tree_unflatten(swept_def.get(), swept)
-
-    def _reverse_of_tape(self, where, wanted):
-        """`(loop, tape, ct_x, ct_bufs, perturbed) -> cotangents of the loop's leaves
-        at `where``: the reverse sweep over `tape`, behind `linearizable` without a
-        transpose (forward mode through it works; a third reverse pass raises our
-        error)."""
-        config = self.parts.config
-
-        def first_order(loop, tape, ct_x, ct_bufs, perturbed):
-            step = ReversibleStep(loop.body, loop.layout, wanted[0], perturbed)
-            ct_in = reverse_sweep(step, tape, ct_x, ct_bufs, config)
-            return self.parts.at_leaves(wanted, ct_in, where)
-
-        def reverse(loop, tape, ct_x, ct_bufs, perturbed):
-            operands, rebuild = flat((loop, tape, ct_x, ct_bufs))
-            run = linearizable(
-                lambda ops: first_order(*rebuild(ops), perturbed),
-                None,
-                self.parts.effects,
-            )
-            return run(*operands)
-
-        return reverse
 
     def residual_hvp(self, residuals: Residuals, res_leaves, cts, direction):
         """For the loop's outputs `F` at the residuals' `p`, output cotangents `cts`
