@@ -71,29 +71,30 @@ def _select_if_batched_batch(args, dims):
     pairs = zip(
         operands[:half], operands[half:], operand_dims[:half], operand_dims[half:]
     )
-    if pred_dim is None:
-        # Unbatched at this level, but `pred` may still be batched by an enclosing
-        # `vmap` (say `vmap(jacfwd(f))`), where it can be false: select again one
-        # level down, with this level's batch axis in front of both operands.
-        size = next(o.shape[d] for o, d in zip(operands, operand_dims) if d is not None)
-    else:
+    if pred_dim is not None:  # a real select, per element
         size = pred.shape[pred_dim]
         pred = jnp.moveaxis(pred, pred_dim, 0)
+        out = []
+        for new, old, d_new, d_old in pairs:
+            new = batching.bdim_at_front(new, d_new, size)
+            old = batching.bdim_at_front(old, d_old, size)
+            p = pred.reshape(pred.shape + (1,) * (new.ndim - pred.ndim))
+            out.append(jnp.where(p, new, old))
+        return out, [0] * half
+    # Unbatched at this level, but `pred` may still be batched by an enclosing `vmap`
+    # (say `vmap(jacfwd(f))`), where it can be false: select again one level down,
+    # with this level's batch axis in front of both operands.
+    size = next(o.shape[d] for o, d in zip(operands, operand_dims) if d is not None)
     news, olds, out_dims = [], [], []
     for new, old, d_new, d_old in pairs:
-        batched = not (pred_dim is None and d_new is None and d_old is None)
+        batched = d_new is not None or d_old is not None
         if batched:
             new = batching.bdim_at_front(new, d_new, size)
             old = batching.bdim_at_front(old, d_old, size)
-        if pred_dim is not None:
-            p = pred.reshape(pred.shape + (1,) * (new.ndim - pred.ndim))
-            new = jnp.where(p, new, old)
         news.append(new)
         olds.append(old)
         out_dims.append(0 if batched else None)
-    if pred_dim is None:
-        return select_if_batched_p.bind(pred, *news, *olds), out_dims
-    return news, out_dims
+    return select_if_batched_p.bind(pred, *news, *olds), out_dims
 
 
 def _select_if_batched_jvp(primals, tangents):
