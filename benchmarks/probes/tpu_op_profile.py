@@ -3,14 +3,15 @@
     python benchmarks/probes/tpu_op_profile.py [--rounds 3] [--top 25]
         [--batch 512 --width 4096] plain nested ...
 
-Each structure's gradient (`cheap_structure.headline` at B=`--batch`,
-D=`--width`, or `lax.scan` over the 256 steps at 512 x 4096; the structures
-`cheap_structure.FORCED` names) is compiled, run twice to
-warm, then run `--rounds` times under `jax.profiler.trace`. The device's "XLA Ops"
-events are summed per op and divided by the rounds: the time per gradient, the
-events per gradient (a loop body's op runs once an iteration), and the op's line of
-the optimized program, which says its operands' memory space (`S(1)`: on chip).
-Printed: each structure's device time by class of op, then its `--top` ops.
+Each structure's gradient at B=`--batch`, D=`--width` (`cheap_structure.headline`
+with the structure `cheap_structure.FORCED` names, or `scan`: `lax.scan` over the
+256 steps) is compiled, run twice to warm, then run `--rounds` times under
+`jax.profiler.trace`. The device's "XLA Ops" events are summed per op and divided
+by the rounds: the time per gradient, the events per gradient (a loop body's op
+runs once an iteration), and the op's line of the optimized program, which says
+its operands' memory space (`S(1)`: on chip). Printed: each structure's device
+time by class of op, then its `--top` ops. On a CPU the events are those of XLA's
+threads, where an executor's event spans the ops it runs.
 """
 
 import argparse
@@ -29,7 +30,6 @@ from jax.profiler import ProfileData
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import cheap_structure  # noqa: E402
 import headline  # noqa: E402
-from tpu_compile_parts import lower  # noqa: E402
 
 
 CLASSES = [  # (class, pattern of the op's name), first match wins
@@ -66,12 +66,13 @@ def device_ops(path: str):
 
 
 def profile(kind: str, rounds: int, batch: int, width: int):
+    args = (*headline.workload(batch, width), 256)
     if kind == "scan":
-        compiled = lower(kind).compile()
+        grad = jax.jit(jax.grad(headline.loss_fn("scan", 256, 1024, 16)))
+        compiled = grad.lower(*args).compile()
     else:
         make = functools.partial(cheap_structure.headline, batch=batch, width=width)
         compiled = cheap_structure.lower(make, kind)[0].compile()
-    args = (*headline.workload(batch, width), 256)
     for _ in range(2):
         jax.block_until_ready(compiled(*args))
     trace_dir = tempfile.mkdtemp()
