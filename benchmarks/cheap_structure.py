@@ -36,10 +36,14 @@ from boundedloop._sweeps import _cost_model, _reverse_sweep
 
 
 IS_CHEAP, RECOMPUTE = _cost_model.is_cheap, _reverse_sweep.recompute
+SHARES_ONE_STEP = _cost_model.shares_one_step
+# the costly step's two structures: the plain reverse sweep, and one loop
+ONE_LOOP = {"plain": lambda body: False, "driver": lambda body: True}
 FORCED = {
     "nested": lambda body: True,
     "plain": lambda body: False,
     "reverse_only": lambda body: True,
+    "driver": lambda body: False,
 }
 
 
@@ -73,8 +77,8 @@ def neural(kind: str):
 
 
 WORKLOADS = {
-    "headline": (headline, ["nested", "reverse_only", "plain", "equinox"]),
-    "headline_long": (headline_long, ["nested", "plain"]),
+    "headline": (headline, ["nested", "reverse_only", "plain", "driver", "equinox"]),
+    "headline_long": (headline_long, ["nested", "plain", "driver"]),
     "neural": (neural, ["nested", "plain"]),
 }
 
@@ -86,10 +90,12 @@ def forced(kind: str):
     _cost_model.is_cheap = FORCED.get(kind, IS_CHEAP)
     if kind == "reverse_only":
         _reverse_sweep.recompute = plain_recompute
+    _cost_model.shares_one_step = ONE_LOOP.get(kind, SHARES_ONE_STEP)
     try:
         yield
     finally:
         _cost_model.is_cheap, _reverse_sweep.recompute = IS_CHEAP, RECOMPUTE
+        _cost_model.shares_one_step = SHARES_ONE_STEP
 
 
 def lower(make, kind):
@@ -176,6 +182,7 @@ LABELS = {
     "nested": "nested",
     "plain": "plain",
     "reverse_only": "nested reverse, plain recomputation",
+    "driver": "one loop (driver)",
     "equinox": "equinox checkpointed",
 }
 

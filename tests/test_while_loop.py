@@ -119,11 +119,14 @@ def _while_loops(jaxpr) -> int:
     )
 
 
-def test_costly_bodies_get_compact_reverse_sweeps(monkeypatch):
+@pytest.mark.parametrize("one_loop", [False, True], ids=["plain", "one loop"])
+def test_costly_bodies_get_compact_reverse_sweeps(monkeypatch, one_loop):
     """Bodies whose steps are not cheap (see `_cost_model`) are reversed one step per
     iteration with one recomputation loop, whose last store event advances to the
-    end of the segment (fewer loops and copies of the step to compile): the same
-    schedule, so the same body evaluations, and the same gradients."""
+    end of the segment, or, costlier still, in one loop that shares one evaluation of
+    the step between advancing and reversing (fewer loops and copies of the step to
+    compile): the same schedule, so the same body evaluations, and the same
+    gradients, batched too."""
     counter = Counter()
 
     def gradient():  # a new function each time: traced afresh
@@ -148,8 +151,19 @@ def test_costly_bodies_get_compact_reverse_sweeps(monkeypatch):
     fast = loops()
     monkeypatch.setattr(_cost_model, "SMALL_BODY", 0)
     monkeypatch.setattr(_cost_model, "LIGHT_WORK", 0)
+    monkeypatch.setattr(_cost_model, "shares_one_step", lambda body: False)
     # the reverse's three fewer; the forward's loops are the same
-    assert loops() == fast - 3
+    plain = loops()
+    assert plain == fast - 3
+    monkeypatch.setattr(_cost_model, "shares_one_step", lambda body: one_loop)
+    if one_loop:
+        # fewer still where the split is arithmetic, as on a TPU (a CPU's split of a
+        # small loop is a loop, in each of the two branches that look it up)
+        monkeypatch.setattr(_cost_model, "runs_in_order", lambda *args: False)
+        monkeypatch.setattr(_cost_model, "shares_one_step", lambda body: False)
+        plain = loops()
+        monkeypatch.setattr(_cost_model, "shares_one_step", lambda body: True)
+        assert loops() < plain
     for checkpoints in [1, 2, 3, 8]:
         f = jax.jit(gradient(), static_argnums=3)
         for limit in [0, 1, 5, 13, 30]:
@@ -164,11 +178,12 @@ def test_costly_bodies_get_compact_reverse_sweeps(monkeypatch):
             assert tree_allclose(jax.tree.map(lambda g: g[b], batched), expected)
 
 
-def test_a_heavy_step_gets_the_plain_reverse_sweep(monkeypatch):
+def test_a_heavy_step_gets_one_loop_on_a_tpu(monkeypatch):
     """A step of few equations and much work (a 4 x 512 by 512 x 512 product) gets
-    the plain reverse sweep on every backend (`_cost_model.HEAVY_WORK`), three loops
-    fewer than with the nested one; its gradient matches `lax.scan`'s over the trip
-    count."""
+    the reverse sweep as one loop on a TPU and the plain one elsewhere
+    (`_cost_model.shares_one_step`): two loops fewer than the plain sweep's, five
+    fewer than the nested one's; either way its gradient matches `lax.scan`'s over
+    the trip count."""
     w = jax.random.normal(jax.random.key(0), (512, 512)) / 24
     x0 = jax.random.normal(jax.random.key(1), (4, 512))
 
@@ -183,18 +198,29 @@ def test_a_heavy_step_gets_the_plain_reverse_sweep(monkeypatch):
         )
         return jnp.sum(out[1] ** 2)
 
-    def loops(rule):  # a new function each time: traced afresh
-        monkeypatch.setattr(_cost_model, "is_cheap", rule)
+    def rule(cheap, one_loop):
+        monkeypatch.setattr(_cost_model, "is_cheap", cheap)
+        monkeypatch.setattr(_cost_model, "shares_one_step", one_loop)
+
+    def loops(*rules):  # a new function each time: traced afresh
+        rule(*rules)
         grad = jax.grad(lambda *args: loss(*args))
         return _while_loops(jax.make_jaxpr(grad)(w, x0, 5).jaxpr)
 
-    rule = _cost_model.is_cheap
-    nested, plain = loops(lambda body: True), loops(lambda body: False)
-    assert loops(rule) == plain == nested - 3
-    f = jax.jit(jax.grad(lambda *args: loss(*args)))
-    for n in [0, 1, 5, 11, 16]:
-        expected = on_host(jax.grad(functools.partial(loss, scan_length=n)))(w, x0, n)
-        assert tree_allclose(f(w, x0, n), expected, rtol=1e-4, atol=1e-5), n
+    cheap, one_loop = _cost_model.is_cheap, _cost_model.shares_one_step
+    on_tpu = functools.partial(one_loop, backend="tpu")
+    nested = loops(lambda body: True, lambda body: False)
+    plain = loops(lambda body: False, lambda body: False)
+    on_cpu = functools.partial(one_loop, backend="cpu")
+    assert loops(cheap, on_tpu) == plain - 2 == nested - 5
+    assert loops(cheap, on_cpu) == plain
+    for shares in [on_tpu, on_cpu]:
+        rule(cheap, shares)
+        f = jax.jit(jax.grad(lambda *args: loss(*args)))
+        for n in [0, 1, 5, 11, 16]:
+            reference = jax.grad(functools.partial(loss, scan_length=n))
+            expected = on_host(reference)(w, x0, n)
+            assert tree_allclose(f(w, x0, n), expected, rtol=1e-4, atol=1e-5), n
 
 
 @pytest.mark.parametrize("checkpoints", [1, 3, None])

@@ -68,6 +68,20 @@ def varying_while_loop(cond_fun, body_fun, init_val):
     return lax.while_loop(cond_fun, body_fun, jtu.tree_unflatten(treedef, leaves))
 
 
+def varying_switch(index, branches, *operands):
+    """As `lax.switch`, with each branch's outputs cast to vary over the manual mesh
+    axes that output varies over in any branch (only inside `shard_map`)."""
+    if not jax.sharding.get_abstract_mesh().manual_axes:
+        return lax.switch(index, branches, *operands)
+    likes = [jax.eval_shape(b, *operands) for b in branches]
+    axes = jtu.tree_map(lambda *o: frozenset().union(*map(varying_axes, o)), *likes)
+
+    def varied(branch):
+        return lambda *ops: jtu.tree_map(vary, branch(*ops), axes)
+
+    return lax.switch(index, [varied(b) for b in branches], *operands)
+
+
 def vary_as_stepped(carry: list, step) -> tuple[list, Any]:
     """A loop's initial `carry` (a list of arrays), cast to vary wherever its step
     makes it vary. `step(carry) -> (types of the step's outputs, anything)`; returns

@@ -70,6 +70,21 @@ def is_cheap(body) -> bool:
     return total < HEAVY_WORK and (n <= SMALL_BODY or total <= LIGHT_WORK * n)
 
 
+def shares_one_step(body, backend: str | None = None) -> bool:
+    """Whether the reverse sweep runs as one loop whose iterations share one
+    evaluation of the step (`_reverse_sweep.drive`): on a TPU, a step of at least
+    `HEAVY_WORK` (of a loop without buffers, whose cotangents the loop's `lax.cond`
+    would copy where a step reads one whole). The backend is JAX's default when the
+    loop is traced (as for `runs_in_order`) unless `backend` names one.
+
+    On the chip the plain sweep's reverse loop moves a large cotangent between HBM
+    and the chip's memory at every reversed step, which the one loop does not, and
+    its program holds the step's forward once fewer; on a CPU the plain sweep is
+    the faster to run and to compile (`docs/performance.md`, "One loop")."""
+    on_tpu = (backend or jax.default_backend()) == "tpu"
+    return on_tpu and work(body.jaxpr) >= HEAVY_WORK
+
+
 # XLA's CPU runtime runs a loop body's operations in order on the calling thread
 # when none touches more than this many bytes (`benchmarks/results/thresholds.md`)
 IN_ORDER_BYTES = 512

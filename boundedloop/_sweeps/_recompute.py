@@ -156,6 +156,9 @@ class Sweep(NamedTuple):
     # cheap steps: runs of stored inputs reversed in a nested loop, and
     # store-every-step recomputation in a loop of its own (see `_cost_model`)
     cheap_steps: bool
+    # costly steps: the sweep as one loop sharing one evaluation of the step
+    # (`_reverse_sweep.drive`; see `_cost_model.shares_one_step`)
+    one_loop: bool
     # the forward stored every state: nothing to recompute, no inner loop
     every_step_stored: bool
     sorted: Int[Array, " slots"]  # the checkpoints' positions, in order
@@ -176,7 +179,9 @@ def make_sweep(
         config.checkpoints,
         # (`in_order`: as the forward sweep decided, `_cost_model.runs_in_order`)
         split_rule(config.checkpoints, config.max_steps, tape.storage.in_order),
-        _cost_model.is_cheap(step.body),
+        cheap := _cost_model.is_cheap(step.body),
+        # (not with buffers: a cotangent read whole would be copied every step)
+        not cheap and not tape.bufs and _cost_model.shares_one_step(step.body),
         config.max_steps is not None and config.checkpoints >= config.max_steps,
         sorted_pos,
         order,

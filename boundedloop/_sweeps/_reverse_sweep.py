@@ -1,7 +1,9 @@
 """The reverse sweep: cotangents from the last step to the first. Each iteration of
 its loop recomputes the input of step `end - 1` from the top checkpoint
 (`_recompute.py`) and reverses that step (a vector-Jacobian product); a body with
-cheap steps gets two more loops (`docs/architecture.md`, "The cost model").
+cheap steps gets two more loops, and a costly one a single loop whose iterations
+each take one action of the schedule (`drive`: advance, or reverse and restore)
+with one evaluation of the step (`docs/architecture.md`, "The cost model").
 `tests/schedule_reference.reverse_events` is the sweep's pure-Python twin.
 
 ??? cite "References"
@@ -28,11 +30,24 @@ from jaxtyping import Array, Int
 
 from .._runtime import _progress
 from .._runtime._batching import select_if_batched
-from .._runtime._shard_map import varying_while_loop
+from .._runtime._shard_map import (
+    vary,
+    varying_axes,
+    varying_switch,
+    varying_while_loop,
+)
 from .._tracing._loop import LoopConfig
 from . import _buffer_checks, _checkpoint_store, _cost_model
 from ._checkpoint_store import CheckpointStore
-from ._recompute import make_sweep, recompute, Stack, Sweep
+from ._recompute import (
+    make_sweep,
+    next_target,
+    push,
+    Recompute,
+    recompute,
+    Stack,
+    Sweep,
+)
 from ._step import ReversibleStep
 
 
@@ -71,43 +86,151 @@ def reverse_step(sw: Sweep, state: ReverseState, i, x) -> ReverseState:
     # elements whose loop had already stopped there pass `ct` through unchanged
     active = i < sw.tape.trips
     pullback = sw.step.vjp(x, sw.tape.bufs, state.ct_bufs, active)
+    return _reverse(sw, state, i, pullback, active)
+
+
+def _reverse(sw: Sweep, state, i, pullback, active, then=None):
+    """Apply `pullback`, step `i`'s, where `i == end - 1`, and count the step
+    reversed. With `then = (on_reverse, on_advance, operands)`, always under
+    `lax.cond`: the reversing branch also returns `on_reverse(end, operands)`,
+    the other `on_advance(operands)`."""
     state = state._replace(ct=unread_ct(sw, state.ct, state.end >= sw.tape.trips))
 
-    def reverse(ct, ct_body):
+    def reverse(ct, ct_body, operands):
         d_body, d_x, updates = pullback(ct)
         d_body = select_if_batched(active, d_body, jtu.tree_map(jnp.zeros_like, d_body))
         ct_body = jtu.tree_map(jnp.add, ct_body, d_body)
-        return select_if_batched(active, d_x, ct), ct_body, updates
+        out = select_if_batched(active, d_x, ct), ct_body, updates
+        return out if then is None else (*out, then[0](state.end - 1, operands))
 
+    operands = None if then is None else then[2]
     shapes = None
-    if _cost_model.orders_buffer_reads(state.ct_bufs):
-        shapes = jax.eval_shape(reverse, state.ct, state.ct_body)[2]
-    if shapes is not None and not sw.step.wholly_read(shapes, state.ct_bufs):
-        # `i == end - 1` always holds. The `lax.cond` is there for XLA: the
-        # buffers' cotangents are read inside it and updated in place after it, and
-        # only that data dependence lets XLA order the read before the write instead
-        # of copying the whole cotangent every step. Not without buffers (its
+    if then is not None or _cost_model.orders_buffer_reads(state.ct_bufs):
+        shapes = jax.eval_shape(reverse, state.ct, state.ct_body, operands)[2]
+    if then is not None or (
+        shapes is not None and not sw.step.wholly_read(shapes, state.ct_bufs)
+    ):
+        # `i == end - 1` always holds, without `then`. The `lax.cond` is there for
+        # XLA: the buffers' cotangents are read inside it and updated in place after
+        # it, and only that data dependence lets XLA order the read before the write
+        # instead of copying the whole cotangent every step. Not without buffers (its
         # operands would take memory of their own), with small ones (a copy costs
         # less), or when the step reads a whole buffer (its update touches all of
         # the cotangent anyway: `benchmarks/results/thresholds.md`).
         no_updates = sw.step.no_updates(shapes, state.ct_bufs)
-        ct, ct_body, updates = lax.cond(
-            i == state.end - 1,
-            reverse,
-            lambda ct, ct_body: (ct, ct_body, no_updates),
-            state.ct,
-            state.ct_body,
+
+        def skip(ct, ct_body, operands):
+            out = ct, ct_body, no_updates
+            out = out if then is None else (*out, then[1](operands))
+            if then is None:
+                return out
+            # (inside `shard_map`, the outputs vary as the reversing branch's do)
+            like = jax.eval_shape(reverse, ct, ct_body, operands)
+            return jtu.tree_map(lambda o, s: vary(o, varying_axes(s)), out, like)
+
+        reversing = i == state.end - 1
+        ct, ct_body, updates, *more = lax.cond(
+            reversing, reverse, skip, state.ct, state.ct_body, operands
         )
     else:
-        ct, ct_body, updates = reverse(state.ct, state.ct_body)
+        ct, ct_body, updates = reverse(state.ct, state.ct_body, None)
+        more = []
     ct_bufs = sw.step.apply_updates(state.ct_bufs, updates)
     ct = carried(sw, ct)
     check = state.check
     if check is not None:
         check = _buffer_checks.reverse_check(check, sw.step, updates, i)
-    return state._replace(
-        end=state.end - 1, ct=ct, ct_bufs=ct_bufs, ct_body=ct_body, check=check
+    end = state.end - (1 if then is None else reversing.astype(state.end.dtype))
+    state = state._replace(
+        end=end, ct=ct, ct_bufs=ct_bufs, ct_body=ct_body, check=check
     )
+    return state if then is None else (state, *more)
+
+
+class Driver(NamedTuple):
+    """The reverse sweep's carry as one loop: `x`, the state at step `i`, is
+    advanced towards `end - 1`, or, there, reversed."""
+
+    i: Int[Array, ""]
+    target: Int[Array, ""]  # where the schedule stores the next checkpoint
+    x: Any
+    state: ReverseState
+
+
+def _restore(sw: Sweep, stack: Stack):
+    """`(i, x)`: the top checkpoint, to advance from."""
+    top = jnp.maximum(stack.depth - 1, 0)
+    return stack.order_pos[top], _checkpoint_store.load(stack.storage, sw.order[top])
+
+
+def _target(sw: Sweep, i, end, stack: Stack):
+    return next_target(sw, Recompute(i, end, stack, None))
+
+
+def drive(sw: Sweep, d: Driver) -> Driver:
+    """One action of the binomial schedule, as `reverse_events` takes it: at
+    `i == end - 1`, reverse that step and restore the top checkpoint; otherwise
+    advance one step, storing the state where the schedule says. The step is
+    evaluated once either way (forward and linearized); the vector-Jacobian
+    product and the restore are under one `lax.cond`; the store and the lookup of
+    the next store event under a `lax.switch` (the storage is never an output of
+    the first, whose restoring branch reads it: XLA would copy it whole; and an
+    iteration that does not store writes nothing). On the chip, with the restore
+    under the switch, or under a `lax.cond` of its own, XLA kept a copy of the
+    storage: 252 or 202 MB of temp memory and 240 or 199 ms for the headline's
+    gradient, against 146 ms this way (`benchmarks/results/one_loop_tpu.md`)."""
+    state = d.state
+    active = d.i < sw.tape.trips
+    x_next, pullback = sw.step.forward_vjp(d.x, sw.tape.bufs, state.ct_bufs, active)
+    depth, order_pos, storage = state.stack
+
+    def on_reverse(end, _):
+        # drop the top checkpoint once its segment is done, and restore the next
+        top = jnp.maximum(depth - 1, 0)
+        new_depth = depth - (end == order_pos[top]).astype(jnp.int32)
+        i, x = _restore(sw, Stack(new_depth, order_pos, storage))
+        return i, x, new_depth
+
+    def on_advance(x_next):
+        return d.i + 1, x_next, depth
+
+    state, (i, x, depth) = _reverse(
+        sw, state, d.i, pullback, active, then=(on_reverse, on_advance, x_next)
+    )
+    reversing = d.i == d.state.end - 1
+    store = ~reversing & (i == d.target) & (i < state.end - 1)
+
+    # the next store event, looked up once an iteration: after a restore or a store
+    def kept(stack):
+        return stack, d.target
+
+    def restored(stack):
+        return stack, _target(sw, i, state.end, stack)
+
+    def stored(stack):
+        return restored(push(sw, Recompute(i, state.end, stack, x)).stack)
+
+    action = jnp.where(store, 2, reversing.astype(jnp.int32))
+    stack, target = varying_switch(
+        action, (kept, restored, stored), Stack(depth, order_pos, storage)
+    )
+    return Driver(i, target, x, state._replace(stack=stack))
+
+
+def reverse_driven(sw: Sweep, state: ReverseState, meter, length) -> ReverseState:
+    """The whole reverse sweep as one loop of `drive`, reporting the steps reversed
+    to `bl.progress_meter`'s reverse bar where `meter` is one (see `_metered`)."""
+
+    def drive_(d: Driver) -> Driver:
+        new = drive(sw, d)
+        if meter is not None:
+            done = length - d.state.end, length - new.state.end
+            _progress.tick_reverse(meter, *done, length)
+        return new
+
+    i, x = _restore(sw, state.stack)
+    d = Driver(i, _target(sw, i, state.end, state.stack), x, state)
+    return varying_while_loop(lambda d: _steps_left(d.state), drive_, d).state
 
 
 def reverse_stored(sw: Sweep, state: ReverseState) -> ReverseState:
@@ -205,12 +328,15 @@ def reverse_sweep(
         step.zero_ct_body(),
         _buffer_checks.reverse_initial(step, tape.bufs, config.buffer_check),
     )
-    reverse = reverse_stored if sweep.every_step_stored else reverse_segment
-    reverse = functools.partial(reverse, sweep)
     meter = _progress.start(config.max_steps, reverse=True)  # None unless metered
-    if meter is not None:
-        reverse = _metered(reverse, meter, tape.length)
-    state = varying_while_loop(_steps_left, reverse, state)
+    if sweep.one_loop and not sweep.every_step_stored:
+        state = reverse_driven(sweep, state, meter, tape.length)
+    else:
+        reverse = reverse_stored if sweep.every_step_stored else reverse_segment
+        reverse = functools.partial(reverse, sweep)
+        if meter is not None:
+            reverse = _metered(reverse, meter, tape.length)
+        state = varying_while_loop(_steps_left, reverse, state)
     if meter is not None:
         # the count read off the loop's result (`end == 0`), so that the bar is
         # closed after the loop: an unordered callback reading only `tape.length`
