@@ -25,6 +25,7 @@ from hypothesis import given, HealthCheck, settings, strategies as st
 from jax import lax
 
 import boundedloop as bl
+from boundedloop._sweeps import _cost_model
 
 from .helpers import accelerator_atol, ACCELERATOR_RTOL, on_host, tree_allclose
 
@@ -194,6 +195,14 @@ CONFIGS = [
     ("masked", 5, 2, True),
     ("masked", 12, 4, True),
 ]
+# the reverse sweep as one loop (`_reverse_sweep.drive`, a TPU's for costly steps),
+# forced onto configurations without buffers (it takes no loop with buffers)
+ONE_LOOP_CONFIGS = [
+    ("tuple", 5, 2, False),
+    ("dict", 12, 4, False),
+    ("tuple", 23, 3, True),
+    ("dict", None, 2, True),
+]
 
 
 def loss(out):
@@ -227,16 +236,33 @@ def ours(kind_name, max_steps, checkpoints, vmapped):
     return _batch(_run(kind_name, max_steps, checkpoints), vmapped)
 
 
+def _one_loop(f):
+    """`f`, traced with every recomputing reverse sweep as one loop."""
+
+    def forced(*args):
+        rules = _cost_model.is_cheap, _cost_model.shares_one_step
+        _cost_model.is_cheap = lambda body: False
+        _cost_model.shares_one_step = lambda body, backend=None: True
+        try:
+            return f(*args)
+        finally:
+            _cost_model.is_cheap, _cost_model.shares_one_step = rules
+
+    return forced
+
+
 @functools.cache
-def ours_grad(kind_name, max_steps, checkpoints, vmapped):
-    """The loss and its gradient; returns `((loss, final carry), grads)`."""
+def ours_grad(kind_name, max_steps, checkpoints, vmapped, one_loop=False):
+    """The loss and its gradient; returns `((loss, final carry), grads)`; with
+    `one_loop`, its reverse sweep forced to one loop."""
     run = _run(kind_name, max_steps, checkpoints)
 
     def value(inputs, w, n):
         out = run(inputs, w, n)
         return loss(out), out
 
-    return _batch(jax.value_and_grad(value, argnums=(0, 1), has_aux=True), vmapped)
+    grad = jax.value_and_grad(value, argnums=(0, 1), has_aux=True)
+    return _batch(_one_loop(grad) if one_loop else grad, vmapped)
 
 
 @functools.cache
@@ -307,17 +333,9 @@ def _config_id(config):
     return f"{kind}-max{max_steps}-ckpt{checkpoints}" + ("-vmap" if vmapped else "")
 
 
-# every configuration, 9 examples each: 216 in all
-@pytest.mark.parametrize("config", CONFIGS, ids=_config_id)
-@settings(
-    max_examples=9,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-@given(data=st.data())
-def test_loop_matches_lax(config, data):
-    kind_name, max_steps, checkpoints, vmapped = config
+def draw(config, data):
+    """`(inputs, w, n)` for `config`, drawn (see the top)."""
+    kind_name, max_steps, _, vmapped = config
     kind = KINDS[kind_name]
     top = (20 if max_steps is None else max_steps) + 3
     trips_st = st.integers(0, top)
@@ -331,22 +349,22 @@ def test_loop_matches_lax(config, data):
     else:
         n = jnp.array(data.draw(trips_st, label="n"))
         inputs = jtu.tree_map(jnp.asarray, kind.inputs(rng))
+    return inputs, w, n
 
-    out = ours(kind_name, max_steps, checkpoints, vmapped)(inputs, w, n)
+
+def assert_matches_lax(config, inputs, w, n, one_loop=False):
+    """The primal under `grad` against `lax.while_loop`'s, and the gradients
+    against `lax.scan`'s over each element's trip count."""
+    kind_name, max_steps, checkpoints, vmapped = config
     steps, expected = reference_forward(kind_name, max_steps, vmapped)(inputs, w, n)
-    # forward: each compiled on its own, within a few eps (see `assert_forward_equal`)
-    assert_forward_equal(out, expected)
     # the primal under `grad` takes the same steps. It is compiled with the reverse
     # sweep into one program, where XLA may fuse (and round) differently: close, and
     # the integer and boolean leaves (the trip count among them) exact
-    (_, primal), grads = ours_grad(kind_name, max_steps, checkpoints, vmapped)(
-        inputs, w, n
-    )
+    (_, primal), grads = ours_grad(*config, one_loop=one_loop)(inputs, w, n)
     assert tree_allclose(primal, expected, rtol=1e-6, atol=1e-7)
     for a, b in zip(jtu.tree_leaves(primal), jtu.tree_leaves(expected)):
         if not jnp.issubdtype(a.dtype, jnp.floating):
             assert np.array_equal(a, b)
-    # gradients: against `lax.scan` over each element's trip count
     for b in range(BATCH) if vmapped else [None]:
         trips = int(steps if b is None else steps[b])
         assert max_steps is None or trips <= max_steps
@@ -356,3 +374,33 @@ def test_loop_matches_lax(config, data):
         assert tree_allclose(elem(grads[0]), ref[0]), (b, trips)
         # under vmap `w` is shared, so each element has its own gradient for it
         assert tree_allclose(elem(grads[1]), ref[1]), (b, trips)
+
+
+EXAMPLES = settings(
+    max_examples=9,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+# every configuration, 9 examples each: 216 in all
+@pytest.mark.parametrize("config", CONFIGS, ids=_config_id)
+@EXAMPLES
+@given(data=st.data())
+def test_loop_matches_lax(config, data):
+    inputs, w, n = draw(config, data)
+    out = ours(*config)(inputs, w, n)
+    kind_name, max_steps, _, vmapped = config
+    expected = reference_forward(kind_name, max_steps, vmapped)(inputs, w, n)[1]
+    # forward: each compiled on its own, within a few eps (see `assert_forward_equal`)
+    assert_forward_equal(out, expected)
+    assert_matches_lax(config, inputs, w, n)
+
+
+@pytest.mark.parametrize("config", ONE_LOOP_CONFIGS, ids=_config_id)
+@EXAMPLES
+@given(data=st.data())
+def test_one_loop_matches_lax(config, data):
+    """The reverse sweep as one loop, forced: the same gradients."""
+    assert_matches_lax(config, *draw(config, data), one_loop=True)
