@@ -102,44 +102,20 @@ class ReversibleStep:
         before), added to where it read, replaced for buffers handed to an inner
         loop. They are returned rather than applied so that the caller can apply
         them outside any `lax.cond`, keeping the buffer-sized cotangents in place."""
-        diff_x, static_x = eqx.partition(x, self.perturbed.x)
-        stand_ins = self.layout.read_stand_ins()
-
-        def f(diff_body, diff_x, float_stand_ins, dense_bufs):
-            all_stand_ins = list(stand_ins)
-            for k, d in zip(self.float_reads, float_stand_ins):
-                all_stand_ins[k] = d
-            all_bufs = list(bufs)
-            for leaf, b in zip(self.dense, dense_bufs):
-                all_bufs[leaf] = b
-            body = eqx.combine(diff_body, self.static_body)
-            step = StepIn(
-                eqx.combine(diff_x, static_x),
-                tuple(all_bufs),
-                tuple(all_stand_ins),
-                jnp.array(True),
-            )
-            out = body(step)
-            values = tuple(
-                v if self.sparse[leaf] else None
-                for leaf, (v, _, _) in zip(self.layout.write_leaves, out.writes)
-            )
-            dense_out = tuple(out.bufs[leaf] for leaf in self.dense)
-            aux = tuple((i, p) for _, i, p in out.writes), out.reads
-            return (eqx.filter(out.x, self.perturbed.x), values, dense_out), aux
-
-        float_stand_ins = tuple(stand_ins[k] for k in self.float_reads)
-        dense_bufs = tuple(bufs[leaf] for leaf in self.dense)
-        _, vjp_fn, (writes, reads) = jax.vjp(
-            f, self.diff_body, diff_x, float_stand_ins, dense_bufs, has_aux=True
-        )
-        access = writes, reads
+        _, vjp_fn, access = self._linearize(x, bufs)
         return lambda ct: self._pullback(vjp_fn, access, ct, ct_bufs, active)
 
     def forward_vjp(self, x, bufs, ct_bufs, active):
         """`(x', pullback)`: the step at `x`, forward and linearized, from one
         evaluation (`vjp`'s pullback; `x'` is the step's result where `active`,
         else `x`)."""
+        x_next, vjp_fn, access = self._linearize(x, bufs)
+        x_next = select_if_batched(active, x_next, x)
+        return x_next, lambda ct: self._pullback(vjp_fn, access, ct, ct_bufs, active)
+
+    def _linearize(self, x, bufs):
+        """`(x', vjp_fn, access)`: the step at `x` (`x'`, its result), its
+        `jax.vjp` in the perturbed leaves, and where it wrote and read."""
         diff_x, static_x = eqx.partition(x, self.perturbed.x)
         stand_ins = self.layout.read_stand_ins()
 
@@ -165,18 +141,15 @@ class ReversibleStep:
             dense_out = tuple(out.bufs[leaf] for leaf in self.dense)
             access = tuple((i, p) for _, i, p in out.writes), out.reads
             unperturbed = eqx.filter(out.x, self.perturbed.x, inverse=True)
-            return (eqx.filter(out.x, self.perturbed.x), values, dense_out), (
-                access,
-                unperturbed,
-            )
+            diff_out = eqx.filter(out.x, self.perturbed.x)
+            return (diff_out, values, dense_out), (access, unperturbed)
 
         float_stand_ins = tuple(stand_ins[k] for k in self.float_reads)
         dense_bufs = tuple(bufs[leaf] for leaf in self.dense)
-        (x_next, _, _), vjp_fn, (access, unperturbed) = jax.vjp(
+        (diff_out, _, _), vjp_fn, (access, unperturbed) = jax.vjp(
             f, self.diff_body, diff_x, float_stand_ins, dense_bufs, has_aux=True
         )
-        x_next = select_if_batched(active, eqx.combine(x_next, unperturbed), x)
-        return x_next, lambda ct: self._pullback(vjp_fn, access, ct, ct_bufs, active)
+        return eqx.combine(diff_out, unperturbed), vjp_fn, access
 
     def _pullback(self, vjp_fn, access, ct, ct_bufs, active):
         writes, reads = access
