@@ -177,7 +177,7 @@ def main():
 # the structure `_cost_model.is_cheap` picks on a TPU: the headline's step has few
 # equations but `2**34` work (at least `HEAVY_WORK`), the neural ODE's many
 # equations on 64-element arrays
-TPU_PICKS = {"headline": "plain", "headline_long": "plain", "neural": "plain"}
+TPU_PICKS = {"headline": "driver", "headline_long": "driver", "neural": "plain"}
 LABELS = {
     "nested": "nested",
     "plain": "plain",
