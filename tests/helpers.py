@@ -28,9 +28,15 @@ import boundedloop as bl
 # a Hessian element -0.003505 where float64 gives -0.0036648 (1.4e-4 of that block's
 # largest, 1.15; `test_forward_mode.py`, 11 steps), and a gradient element 0.022083
 # where float64 gives 0.021940 (3.9e-4 of the largest, 0.366; `test_properties.py`,
-# 23 steps). A wrong answer (the miscompile on the docs page "Correct on TPU") is off
-# by 1e-1.
-ACCELERATOR_RTOL, ACCELERATOR_ATOL = 1e-3, 1e-4
+# 23 steps). And where a whole array is small against the terms it sums, an absolute
+# floor: at 47953b9 a gradient element 0.02441 where the host gives 0.02426 (1.5e-4
+# off, 2.3e-3 of its array's largest, 0.064; `test_properties.py`, tuple-max23, 23
+# steps), beyond the 1e-4 floor of then. `lax.scan` on the same chip was off by the
+# same 1.5e-4 there, and by the same as ours in all 18 examples measured
+# (`benchmarks/results/one_loop_tpu_session46/precision_probe.txt`): the chip's
+# rounding, not the loop's. A wrong answer (the miscompile on the docs page "Correct
+# on TPU") is off by 1e-1.
+ACCELERATOR_RTOL, ACCELERATOR_ATOL = 1e-3, 3e-4
 
 
 def accelerator_atol(expected, atol: float) -> float:
