@@ -15,7 +15,9 @@ results file (default `benchmarks/results/same_programs.txt`) holds the lines.
 
 The programs are lowered on the host CPU. The choice of ours that depends on the
 backend is `_cost_model.runs_in_order` (a CPU's loops of small arrays; from c0e8ec0
-until 7c3cdd8, `_cost_model.is_cheap` too: a TPU's nested loops at any work); with
+until 7c3cdd8, `_cost_model.is_cheap` too: a TPU's nested loops at any work; and
+`_cost_model.shares_one_step`, a TPU's one loop for steps of much work, which none of
+these small programs has); with
 `--off-cpu` it is made as on a TPU, so that the programs are those a TPU would get
 (results default `benchmarks/results/same_programs_off_cpu.txt`).
 """
@@ -56,6 +58,10 @@ def programs() -> dict:
         if "backend" in inspect.signature(_cost_model.is_cheap).parameters:
             _cost_model.is_cheap = functools.partial(
                 _cost_model.is_cheap, backend="tpu"
+            )
+        if hasattr(_cost_model, "shares_one_step"):  # from 47953b9's merge
+            _cost_model.shares_one_step = functools.partial(
+                _cost_model.shares_one_step, backend="tpu"
             )
     from boundedloop.optimistix import CheckpointedAdjoint as SolveAdjoint
 
