@@ -1,23 +1,27 @@
 """The CPU gradient of a cheap step with each reverse-sweep structure forced (issue
 53): the 64-element `tanh(W @ x + b)` loop (n=256 of max_steps=1024, 16
 checkpoints) nested, plain and as one loop (`_reverse_sweep.drive`), against
-`lax.scan` over the 256 steps. XLA compile (median of 7, after `jax.clear_caches()`,
-interleaved in a shuffled order after a warm-up repetition), gradient time (median
-of 30 interleaved rounds), while loops, and the largest difference from `lax.scan`'s
-gradient.
+`lax.scan` over the 256 steps. XLA compile (median of 7, each traced afresh after
+`_common.clear_caches()`, interleaved in a shuffled order after a warm-up
+repetition), gradient time (median of 30 interleaved rounds), while loops, and the
+largest difference from `lax.scan`'s gradient.
 
     python benchmarks/probes/cpu_cheap_structures.py
 """
 
-import random
+import os
 import statistics
-import time
+import sys
 
 import jax
 import jax.numpy as jnp
 
 import boundedloop as bl
 from boundedloop._sweeps import _cost_model
+
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from _common import interleaved_compiles, interleaved_medians  # noqa: E402
 
 
 D, N, MAX = 64, 256, 1024
@@ -64,22 +68,8 @@ def lower(kind):
 
 def main():
     kinds = [*FORCED, "scan"]
-    compiles, exes = {k: [] for k in kinds}, {}
-    for r in range(8):  # the first is a warm-up
-        random.Random(r).shuffle(kinds)
-        for kind in kinds:
-            jax.clear_caches()
-            lowered = lower(kind)
-            t0 = time.perf_counter()
-            exes[kind] = lowered.compile()
-            if r:
-                compiles[kind].append(time.perf_counter() - t0)
-    times = {k: [] for k in kinds}
-    for _ in range(30):
-        for kind in kinds:
-            t0 = time.perf_counter()
-            jax.block_until_ready(exes[kind](W, X0, N))
-            times[kind].append(time.perf_counter() - t0)
+    compiles, exes = interleaved_compiles(lower, kinds, repeats=7)
+    times = interleaved_medians(exes, {k: (W, X0, N) for k in kinds}, rounds=30)
     reference = exes["scan"](W, X0, N)
     scan_compile = statistics.median(compiles["scan"])
     print("| gradient | XLA compile | over scan's | time | while loops | off scan's |")
@@ -89,7 +79,7 @@ def main():
         diff = float(jnp.max(jnp.abs(exes[kind](W, X0, N) - reference)))
         print(
             f"| {kind} | {c:.3f} s | {c / scan_compile:.2f} | "
-            f"{1e3 * statistics.median(times[kind]):.3f} ms | "
+            f"{1e3 * times[kind]:.3f} ms | "
             f"{exes[kind].as_text().count(' while(')} | {diff:.1e} |"
         )
 

@@ -15,20 +15,21 @@ initial value, and the compile grows by more than the kernels do.
 """
 
 import os
-import random
 import statistics
 import sys
-import time
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 
 from boundedloop._runtime import _shard_map
 
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path[:0] = [
+    os.path.dirname(__file__),
+    os.path.join(os.path.dirname(__file__), ".."),
+]
 import cpu_cheap_structures as c  # noqa: E402
+from _common import interleaved_compiles, interleaved_medians  # noqa: E402
 
 
 ORIG = lax.while_loop
@@ -65,29 +66,15 @@ def lower(kind):
 
 def main():
     kinds = ["nested", "nested+flag", "plain", "plain+flag", "scan"]
-    comp, exes = {k: [] for k in kinds}, {}
-    for r in range(6):
-        random.Random(r).shuffle(kinds)
-        for k in kinds:
-            jax.clear_caches()
-            lo = lower(k)
-            t = time.perf_counter()
-            exes[k] = lo.compile()
-            if r:
-                comp[k].append(time.perf_counter() - t)
-    times = {k: [] for k in kinds}
-    for _ in range(30):
-        for k in kinds:
-            t = time.perf_counter()
-            jax.block_until_ready(exes[k](c.W, c.X0, c.N))
-            times[k].append(time.perf_counter() - t)
+    comp, exes = interleaved_compiles(lower, kinds, repeats=5)
+    times = interleaved_medians(exes, {k: (c.W, c.X0, c.N) for k in kinds}, rounds=30)
     ref = exes["scan"](c.W, c.X0, c.N)
     s = statistics.median(comp["scan"])
     for k in sorted(kinds):
         txt = exes[k].as_text()
         m = statistics.median(comp[k])
         print(
-            f"{k:12s} compile {m:.3f} s ({m / s:.2f}x scan)  kernels {txt.count(' fusion(')}  whiles {txt.count(' while(')}  grad {1e3 * statistics.median(times[k]):.3f} ms  off {float(jnp.max(jnp.abs(exes[k](c.W, c.X0, c.N) - ref))):.1e}"
+            f"{k:12s} compile {m:.3f} s ({m / s:.2f}x scan)  kernels {txt.count(' fusion(')}  whiles {txt.count(' while(')}  grad {1e3 * times[k]:.3f} ms  off {float(jnp.max(jnp.abs(exes[k](c.W, c.X0, c.N) - ref))):.1e}"
         )
 
 

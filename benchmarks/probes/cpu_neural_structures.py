@@ -14,10 +14,8 @@ lifted by hand are in `benchmarks/results/cpu_neural_structures_session46.txt`.
 """
 
 import os
-import random
 import statistics
 import sys
-import time
 
 import diffrax
 import equinox as eqx
@@ -30,7 +28,7 @@ from boundedloop.diffrax import CheckpointedAdjoint
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import diffrax_adjoint as workload  # noqa: E402
-from _common import clear_caches  # noqa: E402
+from _common import interleaved_compiles, interleaved_medians  # noqa: E402
 
 
 IS_CHEAP, SHARES_ONE_STEP = _cost_model.is_cheap, _cost_model.shares_one_step
@@ -58,23 +56,10 @@ def lowered(kind, field, y0):
 
 def main():
     field, y0 = workload.make_field(), jnp.linspace(-1.0, 1.0, workload.STATE)
-    kinds = list(KINDS)
-    compiles, exes = {k: [] for k in kinds}, {}
-    for r in range(int(os.environ.get("R", "6")) + 1):  # the first is a warm-up
-        random.Random(r).shuffle(kinds)
-        for kind in kinds:
-            clear_caches()
-            lowered_ = lowered(kind, field, y0)
-            start = time.perf_counter()
-            exes[kind] = lowered_.compile()
-            if r:
-                compiles[kind].append(time.perf_counter() - start)
-    times = {k: [] for k in kinds}
-    for _ in range(10):
-        for kind in kinds:
-            start = time.perf_counter()
-            jax.block_until_ready(exes[kind](field))
-            times[kind].append(time.perf_counter() - start)
+    compiles, exes = interleaved_compiles(
+        lambda kind: lowered(kind, field, y0), KINDS, int(os.environ.get("R", "6"))
+    )
+    times = interleaved_medians(exes, {k: (field,) for k in KINDS}, rounds=10)
     reference = jax.tree.leaves(exes["RCA"](field))
     print(
         "| gradient | XLA compile | over diffrax's | paired | while loops | time | off diffrax's |"
@@ -91,7 +76,7 @@ def main():
         print(
             f"| {kind} | {c:.3f} s | {c / statistics.median(compiles['RCA']):.2f} "
             f"| {paired:.2f} | {text.count(' while(')} "
-            f"| {1e3 * statistics.median(times[kind]):.2f} ms | {off:.1e} |"
+            f"| {1e3 * times[kind]:.2f} ms | {off:.1e} |"
         )
 
 
