@@ -121,9 +121,9 @@ def _reverse(sw: Sweep, state, i, pullback, active, then=None):
 
         def skip(ct, ct_body, operands):
             out = ct, ct_body, no_updates
-            out = out if then is None else (*out, then[1](operands))
             if then is None:
                 return out
+            out = (*out, then[1](operands))
             # (inside `shard_map`, the outputs vary as the reversing branch's do)
             like = jax.eval_shape(reverse, ct, ct_body, operands)
             return jtu.tree_map(lambda o, s: vary(o, varying_axes(s)), out, like)
