@@ -338,3 +338,42 @@ def test_no_copy_of_the_buffer_inside_the_compiled_loops(checkpoints):
 
     hlo = jax.jit(jax.grad(loss)).lower(jnp.ones(width)).compile().as_text()
     assert not copies_in_while_bodies(hlo, f"f32[{rows},{width}]")
+
+
+def test_buffer_passes_array_annotations():
+    """A buffer is admitted where its array would be, by jaxtyping's checks with
+    beartype: plain array hints and equinox's `MaybeBuffer` (which diffrax puts on
+    its save state), and refused on a wrong dtype or shape, as its array would be."""
+    beartype = pytest.importorskip("beartype")
+    import equinox.internal as eqxi
+    from jaxtyping import Array, Float, Int, jaxtyped
+
+    def accepts(hint):
+        @jaxtyped(typechecker=beartype.beartype)
+        def f(x: hint):
+            return x
+
+        return f
+
+    admitted = [Float[Array, "4 2"], eqxi.MaybeBuffer[Float[Array, "times 2"]]]
+    refused = [Int[Array, "4 2"], eqxi.MaybeBuffer[Float[Array, "4 3"]]]
+    seen = []
+
+    def body(carry):
+        i, ys = carry
+        seen.append(isinstance(ys, jax.Array))
+        for hint in admitted:
+            accepts(hint)(ys)
+        for hint in refused:
+            with pytest.raises(Exception, match="Type-check error"):
+                accepts(hint)(ys)
+        return i + 1, ys.at[i].set(jnp.ones(2))
+
+    bl.while_loop(
+        lambda c: c[0] < 4,
+        body,
+        (0, jnp.zeros((4, 2))),
+        max_steps=4,
+        buffers=lambda c: c[1],
+    )
+    assert seen and all(seen)

@@ -4,6 +4,9 @@
 
 import functools
 import math
+import os
+import subprocess
+import sys
 
 import jax
 import jax.extend.core
@@ -398,3 +401,38 @@ def test_vector_field_traced_as_often_as_under_rca(solver):
         assert traces(CheckpointedAdjoint(), differentiate) == traces(
             RCA, differentiate
         )
+
+
+_TYPECHECKED_SOLVE = """
+import jax, jax.numpy as jnp
+from jaxtyping import install_import_hook
+with install_import_hook("diffrax", "beartype.beartype"):
+    import diffrax
+from boundedloop.diffrax import CheckpointedAdjoint
+
+def loss(a, adjoint):
+    sol = diffrax.diffeqsolve(
+        diffrax.ODETerm(lambda t, y, args: -args * y), diffrax.Tsit5(), 0.0, 1.0,
+        0.1, jnp.array([1.0, 2.0]), args=a,
+        saveat=diffrax.SaveAt(ts=jnp.linspace(0, 1, 4)), adjoint=adjoint)
+    return jnp.sum(sol.ys)
+
+ours = jax.grad(loss)(1.5, CheckpointedAdjoint())
+theirs = jax.grad(loss)(1.5, diffrax.RecursiveCheckpointAdjoint())
+assert jnp.allclose(ours, theirs, rtol=1e-5), (ours, theirs)
+"""
+
+
+def test_gradient_under_diffrax_runtime_type_checks():
+    """diffrax type-checked at run time (jaxtyping's import hook with beartype, as
+    its own tests run): a solve that saves into buffers differentiates with our
+    adjoint, as with `RecursiveCheckpointAdjoint`. In a process of its own, since
+    the hook applies only to a first import of diffrax."""
+    pytest.importorskip("beartype")
+    done = subprocess.run(
+        [sys.executable, "-c", _TYPECHECKED_SOLVE],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -340,7 +340,7 @@ def user_line() -> str:
     return "an unknown line"
 
 
-class Buffer:
+class Buffer(jax.Array):
     """An array inside the loop body, read and written in place.
 
     `buf[idx]` reads; `buf.at[idx].set(x)` and `buf.at[idx].set(x, pred=p)` return
@@ -349,7 +349,23 @@ class Buffer:
     Each location may be written at most once per loop, and only written locations
     may be read. A buffer may also be passed, inside the carry, to an inner
     `bl.while_loop` or `bl.scan`, where it is a buffer of that loop too.
+
+    It is a `jax.Array` to `isinstance`, so annotations that admit an array of its
+    shape and dtype admit it (diffrax's `MaybeBuffer`, checked with jaxtyping); of
+    an array's methods it keeps only those above (`_withhold_array_methods`).
     """
+
+    # compared and hashed as a Python object, as the carry's other objects are
+    __eq__ = object.__eq__
+    __ne__ = object.__ne__
+    __hash__ = object.__hash__
+
+    def __copy__(self):
+        return Buffer(self._trace, self._leaf, self._version)
+
+    def __deepcopy__(self, memo):
+        del memo
+        return self.__copy__()  # the step's trace is one, shared by its copies
 
     def __init__(self, trace: StepTrace, leaf: int, version: int = 0):
         self._trace = trace
@@ -438,10 +454,27 @@ pytype_aval_mappings[Buffer] = _not_a_jax_value
 register_canonicalize_value_handler(Buffer, _not_a_jax_value)
 
 
-for _op in "add sub mul truediv floordiv mod pow matmul and or xor lt le gt ge".split():
-    setattr(Buffer, f"__{_op}__", _not_an_array)
-    setattr(Buffer, f"__r{_op}__", _not_an_array)
-Buffer.__neg__ = Buffer.__abs__ = Buffer.__iter__ = _not_an_array
+class _Withheld:
+    """An attribute `jax.Array` has and `Buffer` does not: absent, so that reading
+    it reaches `Buffer.__getattr__` and its message."""
+
+    def __get__(self, instance, owner=None):
+        raise AttributeError
+
+
+def _withhold_array_methods(cls):
+    """`cls` without the methods it inherits from `jax.Array`: arithmetic and
+    comparison operators, `iter` and `in` say that a buffer is not an array; every
+    other attribute is absent."""
+    kept = {"__doc__", "__module__", "__slots__", "__weakref__"}
+    protocols = {"__numpy_dtype__", "__array_namespace__"}
+    for name in set(vars(jax.Array)) - set(vars(cls)) - kept:
+        operator = name.startswith("__") and name not in protocols
+        setattr(cls, name, _not_an_array if operator else _Withheld())
+    cls.__iter__ = _not_an_array
+
+
+_withhold_array_methods(Buffer)
 
 
 _WHAT_A_BUFFER_DOES = (

@@ -2,7 +2,8 @@
 in (`diffrax_plugin.py`, `optimistix_plugin.py`), and compare test by test.
 
     python tests/client_suites/run.py diffrax DIFFRAX_SOURCE test_adjoint.py \\
-        [--timeout 600] [--typechecks] [--out benchmarks/results/diffrax_suite.json]
+        [--timeout 600] [--typechecks] [--replace-rca] [--exclude test_against] \\
+        [--out benchmarks/results/diffrax_suite.json]
     python tests/client_suites/run.py optimistix OPTIMISTIX_SOURCE test_root_find.py \\
         --per-file --typechecks --recheck BOUNDEDLOOP_OPTIMISTIX_ADJOINT=lax \\
         [--out benchmarks/results/optimistix_suite.json]
@@ -161,6 +162,19 @@ def main():
         help="only the tests whose ids contain TEXT (as `-k`, without its grammar)",
     )
     parser.add_argument(
+        "--exclude",
+        metavar="TEXT",
+        action="append",
+        default=[],
+        help="leave out the tests whose ids contain TEXT (may be repeated)",
+    )
+    parser.add_argument(
+        "--replace-rca",
+        action="store_true",
+        help="diffrax: tests that name `RecursiveCheckpointAdjoint` get ours too "
+        "(`BOUNDEDLOOP_REPLACE_RCA=1`, read by `diffrax_plugin.py`)",
+    )
+    parser.add_argument(
         "--recheck",
         metavar="KEY=VALUE",
         help="rerun the tests that pass with the client's adjoint and fail with ours "
@@ -178,6 +192,9 @@ def main():
     )
     args = parser.parse_args()
     folder = TEST_FOLDER[args.client]
+    if args.replace_rca:
+        # read only by the plugin, which runs only in the processes of our adjoint
+        os.environ["BOUNDEDLOOP_REPLACE_RCA"] = "1"
     earlier = {}
     if args.resume is not None:
         earlier = {row["test"]: row for row in json.loads(args.resume.read_text())}
@@ -186,6 +203,7 @@ def main():
         test_ids = collect(args.source, folder, test_file)
         if args.select:
             test_ids = [t for t in test_ids if args.select in t]
+        test_ids = [t for t in test_ids if not any(x in t for x in args.exclude)]
         columns = {}
         if all(t in earlier for t in test_ids):
             columns = {
