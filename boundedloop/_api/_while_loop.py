@@ -20,7 +20,13 @@ from .._tracing._buffers import (
 from .._tracing._loop import LoopConfig
 from .._tracing._read_ahead import warn_reads_ahead
 from .._tracing._trace import trace_loop
-from ._arguments import check_checkpoints, check_max_steps
+from .._sweeps._tape import carry_bytes
+from ._arguments import (
+    check_checkpoints,
+    check_max_steps,
+    check_memory,
+    checkpoints_within,
+)
 from ._stats import count_steps, loop_stats, LoopStats
 
 
@@ -34,6 +40,7 @@ def while_loop(
     *,
     max_steps: int | None,
     checkpoints: int | None = None,
+    memory: int | str | None = None,
     buffers: Callable[[Carry], Any] | None = None,
     stats: bool = False,
 ) -> Carry | tuple[Carry, LoopStats]:
@@ -84,6 +91,13 @@ def while_loop(
         cost memory and save recomputation: with `c` checkpoints an `n`-step
         gradient makes at most `2n + r n` body evaluations, where `r` is the
         smallest integer with `binomial(c + r, r) >= n`.
+    - `memory`: instead of `checkpoints`, a budget for what the backward pass
+        holds for this loop: an `int` of bytes, or a string with a unit (`"2 GiB"`,
+        `"500 MB"`). It buys copies of the carry and a tape of the last steps'
+        residuals (what each step's vector-Jacobian product reads), so that those
+        steps are reversed without being evaluated again; when `max_steps` steps'
+        residuals fit, the gradient is a stored scan. `bl.memory_plan` says what a
+        budget buys. Giving both `memory` and `checkpoints` is an error.
     - `buffers`: optional, a function `carry -> node or sequence of nodes of the
         carry`. Every array leaf under those nodes is a [`bl.Buffer`][boundedloop.Buffer]
         inside `body_fun`: `buf[idx]` reads, `buf.at[idx].set(x, pred=p)` writes in
@@ -121,6 +135,7 @@ def while_loop(
         init_val,
         max_steps=max_steps,
         checkpoints=checkpoints,
+        memory=memory,
         buffers=buffers,
         name="bl.while_loop",
         stats=stats,
@@ -136,6 +151,7 @@ def run_loop(
     checkpoints,
     buffers,
     name: str,
+    memory=None,
     known_length: bool = False,
     stats: bool = False,
 ):
@@ -147,6 +163,7 @@ def run_loop(
         if not callable(fn):
             raise TypeError(f"`{name}` needs `{arg}` to be callable, got {fn!r}.")
     max_steps = check_max_steps(max_steps, name)
+    memory = check_memory(memory, checkpoints, name)
     checkpoints = check_checkpoints(checkpoints, max_steps, name)
     if buffers is not None and not callable(buffers):
         raise TypeError(
@@ -163,6 +180,9 @@ def run_loop(
         loop = trace_loop(
             cond_fun, body_fun, init_val, buffers, name=name, gate=lent_gate(lent)
         )
+    if memory is not None:  # the copies it holds; the derivative may tape steps
+        size = carry_bytes(loop.body, loop.init)
+        checkpoints = checkpoints_within(memory, size, max_steps, name)
     names = buffer_names(loop.layout, loop.bufs)
     check_every_step_writes(loop.layout, names, max_steps, name)
     warn_reads_ahead(loop, names, max_steps, name)
@@ -181,6 +201,7 @@ def run_loop(
             known_length,
             stop_check=name if check == "raise" else None,
             buffer_check=name if loop.bufs and buffer_checks_enabled() else None,
+            memory=memory,
         )
         x, bufs = differentiable_loop(loop, config)
     if check == "warn":  # after the loop, outside its sweeps: once per forward pass

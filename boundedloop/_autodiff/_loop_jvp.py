@@ -15,6 +15,7 @@ from .._runtime._shard_map import vary_everywhere
 from .._sweeps._forward_sweeps import checkpointed_sweep, plain_sweep, replay_sweep
 from .._sweeps._reverse_sweep import reverse_sweep
 from .._sweeps._step import ReversibleStep
+from .._sweeps._tape import planned
 from .._tracing._loop import LoopConfig, TracedLoop
 from .._tracing._perturbation import seeded_tangents
 from ._jvp_primitive import custom_jvp_spec, Passes, Primal, Spec
@@ -63,6 +64,9 @@ class LoopJVP:
     def __init__(
         self, loop: TracedLoop, config: LoopConfig, wanted, perturbed, loop_fn
     ):
+        # with a `memory` budget: its checkpoints and taped steps, for every sweep
+        step = ReversibleStep(loop.body, loop.layout, wanted[0], perturbed)
+        config = planned(config, step, loop.init, loop.bufs)
         self.parts = LoopParts.of(loop, config, wanted, perturbed, loop_fn)
         outs = jtu.tree_leaves((loop.init, loop.bufs))
         out_perturbed = self.parts.out_perturbed
@@ -114,10 +118,17 @@ class LoopJVP:
         out, tangent = self.staged(leaves)
         return out + tangent(t_in)
 
+    def forward_sweep(self, leaves):
+        """`checkpointed_sweep` of the loop with `leaves` for its arrays, taping
+        the steps `config.tape_steps` asks for."""
+        parts = self.parts
+        loop = parts.loop(leaves)
+        step = ReversibleStep(loop.body, loop.layout, parts.wanted[0], parts.perturbed)
+        return checkpointed_sweep(loop, parts.config, parts.perturbed.x, step)
+
     def taped_sweep(self, leaves):
         """`checkpointed_sweep`: the final `(x, bufs)` and the tape."""
-        parts = self.parts
-        return checkpointed_sweep(parts.loop(leaves), parts.config, parts.perturbed.x)
+        return self.forward_sweep(leaves)
 
     def transposable(self, residuals: Residuals, reverse):
         """The tangent's transpose, `(residual leaves, cts) -> cts_in`, from the

@@ -25,7 +25,6 @@ from .._runtime._leaves import (
     spread,
     zero_ct,
 )
-from .._sweeps._forward_sweeps import checkpointed_sweep
 from .._sweeps._reverse_sweep import reverse_sweep
 from .._sweeps._step import ReversibleStep
 from .._tracing._dtypes import is_inexact
@@ -133,13 +132,10 @@ class ReverseOverAnything(LoopJVP):
         transposed: see `vjp_with_hvp`). Its two-pass form is nested here
         because its rules share the sweep's tree structure (`swept_def`), known
         only once the sweep is traced."""
-        parts = self.parts
         swept_def = CheckedStore("the checkpointed sweep's tree structure")
 
         def sweep(leaves):
-            result = checkpointed_sweep(
-                parts.loop(leaves), parts.config, parts.perturbed.x
-            )
+            result = self.forward_sweep(leaves)
             swept, treedef = jtu.tree_flatten(result)
             swept_def.set(treedef)
             return swept

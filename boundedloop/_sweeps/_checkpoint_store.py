@@ -154,3 +154,5 @@ class CheckpointStore(NamedTuple):
     trips: Int[Array, ""]  # steps this element took (batched under vmap)
     length: Int[Array, ""]  # iterations the sweep ran (never batched)
     bufs: tuple  # the final buffers: every value ever written
+    # the last `tape_steps` steps' residuals (`_tape`), or None: nothing taped
+    tape: tuple | None = None

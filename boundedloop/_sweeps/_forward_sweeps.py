@@ -19,7 +19,7 @@ from .._runtime._batching import any_across_batch, select_if_batched
 from .._runtime._checks import check_stopped
 from .._runtime._shard_map import varying_while_loop
 from .._tracing._loop import LoopConfig, TracedLoop
-from . import _checkpoint_store, _cost_model
+from . import _checkpoint_store, _cost_model, _tape
 from ._checkpoint_store import CheckpointStore
 from ._step import advance, invariant_leaves
 from ._store_rules import store_rule
@@ -80,8 +80,8 @@ def plain_sweep(loop: TracedLoop, config: LoopConfig):
         return _finish(loop, config, (final, ()))
 
     going, step = _stepping(loop, body, max_steps, meter)
-    state = (jnp.array(0, jnp.int32), loop.init, loop.bufs, None)
-    t, x, bufs, _ = varying_while_loop(going, step, state)
+    state = (jnp.array(0, jnp.int32), loop.init, loop.bufs, None, None)
+    t, x, bufs, _, _ = varying_while_loop(going, step, state)
     _progress.done(meter, t)
     return _finish(loop, config, (x, bufs))
 
@@ -138,30 +138,37 @@ def _initial_stores(
     )
 
 
-def _stepping(loop: TracedLoop, body, max_steps, meter):
-    """`(going, step)` on `(t, x, bufs, trips)`: whether the loop goes on, and one
-    masked step, counting each element's trips (unless `trips` is `None`)."""
+def _stepping(loop: TracedLoop, body, max_steps, meter, taped=None):
+    """`(going, step)` on `(t, x, bufs, trips, tape)`: whether the loop goes on, and
+    one masked step, counting each element's trips (unless `trips` is `None`) and,
+    with a `_tape.TapedStep` `taped`, writing its residuals into `tape`."""
 
     def going(stepping):
-        t, x, bufs, _ = stepping
+        t, x, bufs = stepping[:3]
         on = any_across_batch(_going_on(loop, x, bufs))
         return jnp.logical_and(_within(t, max_steps), on)
 
     def step(stepping):
-        t, x, bufs, trips = stepping
+        t, x, bufs, trips, tape = stepping
         active = _active(loop, x, bufs)
-        new_x, bufs = advance(body, loop.layout, x, bufs, active)
+        if taped is None:
+            new_x, bufs = advance(body, loop.layout, x, bufs, active)
+        else:
+            new_x, bufs, row = taped.forward(x, bufs, active)
+            tape = _tape.write(tape, t, row)
         x = select_if_batched(active, new_x, x)
         if trips is not None:
             trips = trips + active.astype(jnp.int32)
         _progress.tick(meter, t + 1)
-        return t + 1, x, bufs, trips
+        return t + 1, x, bufs, trips, tape
 
     return going, step
 
 
 @jax.named_scope("boundedloop_checkpointed_forward")
-def checkpointed_sweep(loop: TracedLoop, config: LoopConfig, perturbed=None):
+def checkpointed_sweep(
+    loop: TracedLoop, config: LoopConfig, perturbed=None, taped_step=None
+):
     """The forward sweep of a differentiated loop: `plain_sweep`, storing the
     checkpoints where `_store_rules.store_rule` says.
 
@@ -172,6 +179,9 @@ def checkpointed_sweep(loop: TracedLoop, config: LoopConfig, perturbed=None):
 
     `perturbed`, optional, one bool per carry leaf, lets the storage pack floating
     scalars by whether they are perturbed (see `_checkpoint_store.empty`).
+    `taped_step`, optional, `loop`'s step as a `ReversibleStep`: with
+    `config.tape_steps`, each step is linearized and the residuals of the last
+    `tape_steps` are kept (`_tape`), for the reverse sweep.
 
     **Returns:**
 
@@ -184,8 +194,12 @@ def checkpointed_sweep(loop: TracedLoop, config: LoopConfig, perturbed=None):
     in_order = _cost_model.runs_in_order(body, slots, max_steps, (rows, loop.bufs))
     rule = store_rule(slots, max_steps, config.known_length, in_order)
 
-    # the carry: `stepping = (t, x, bufs, trips)` and `_Stores`
-    going, step = _stepping(loop, body, max_steps, meter)
+    # the carry: `stepping = (t, x, bufs, trips, tape)` and `_Stores`
+    taped = tape = None
+    if taped_step is not None and config.tape_steps:
+        taped = _tape.TapedStep(taped_step, loop.init, loop.bufs)
+        tape = taped.empty(config.tape_steps)
+    going, step = _stepping(loop, body, max_steps, meter, taped)
 
     def store_every_step(state):
         stepping, stores = state
@@ -204,7 +218,7 @@ def checkpointed_sweep(loop: TracedLoop, config: LoopConfig, perturbed=None):
         return stepping, _store_event(rule, *stepping[:2], stores, going(stepping))
 
     zero = jnp.array(0, jnp.int32)
-    stepping = (zero, loop.init, loop.bufs, zero)
+    stepping = (zero, loop.init, loop.bufs, zero, tape)
     stores = _initial_stores(loop, slots, perturbed, in_order)
     if rule is None:
         outer = store_every_step
@@ -214,7 +228,7 @@ def checkpointed_sweep(loop: TracedLoop, config: LoopConfig, perturbed=None):
     stepping, stores = varying_while_loop(
         lambda state: going(state[0]), outer, (stepping, stores)
     )
-    length, x, bufs, trips = stepping
+    length, x, bufs, trips, tape = stepping
     _progress.done(meter, length)
     positions = stores.positions
     used = jnp.sum(positions != _checkpoint_store.UNUSED, dtype=jnp.int32)
@@ -225,7 +239,7 @@ def checkpointed_sweep(loop: TracedLoop, config: LoopConfig, perturbed=None):
     # the check travels with the trip count too, which every backward pass reads
     x, bufs, length = _finish(loop, config, (x, bufs, length))
     return (x, bufs), CheckpointStore(
-        stores.storage, positions, used, trips, length, bufs
+        stores.storage, positions, used, trips, length, bufs, tape
     )
 
 

@@ -37,7 +37,7 @@ from .._runtime._shard_map import (
     varying_while_loop,
 )
 from .._tracing._loop import LoopConfig
-from . import _buffer_checks, _checkpoint_store, _cost_model
+from . import _buffer_checks, _checkpoint_store, _cost_model, _tape
 from ._checkpoint_store import CheckpointStore
 from ._recompute import (
     make_sweep,
@@ -276,6 +276,30 @@ def reverse_segment(sw: Sweep, state: ReverseState) -> ReverseState:
     return state
 
 
+def reverse_taped(sw: Sweep, state: ReverseState, steps: int) -> ReverseState:
+    """The last `steps` steps (all, if fewer were taken) reversed from the tape
+    (`_tape`), last first, none evaluated; then the checkpoints the forward sweep
+    stored among them leave the stack, and the sweep goes on from below them."""
+    x0 = _checkpoint_store.load(state.stack.storage, sw.order[0])
+    taped = _tape.TapedStep(sw.step, x0, sw.tape.bufs)
+    invariants = taped.invariants()
+    stop = jnp.maximum(sw.tape.length - steps, 0)
+
+    def reverse_one(state: ReverseState) -> ReverseState:
+        i = state.end - 1
+        active = i < sw.tape.trips
+        row = _tape.read(sw.tape.tape, i)
+        pullback = taped.pullback(row, invariants, state.ct_bufs, active)
+        return _reverse(sw, state, i, pullback, active)
+
+    # (two carried scalars in the condition, as in `_steps_left`)
+    state = varying_while_loop(
+        lambda s: (s.end > stop) | (s.stack.depth < 0), reverse_one, state
+    )
+    depth = jnp.sum(sw.sorted < state.end, dtype=jnp.int32)
+    return state._replace(stack=state.stack._replace(depth=depth))
+
+
 def _steps_left(state: ReverseState):
     """Whether steps remain to be reversed: `end > 0`, written to read a second
     carried scalar, the stack's depth, which is never negative.
@@ -328,6 +352,8 @@ def reverse_sweep(
         step.zero_ct_body(),
         _buffer_checks.reverse_initial(step, tape.bufs, config.buffer_check),
     )
+    if tape.tape is not None:
+        state = reverse_taped(sweep, state, config.tape_steps)
     meter = _progress.start(config.max_steps, reverse=True)  # None unless metered
     if sweep.one_loop and not sweep.every_step_stored:
         state = reverse_driven(sweep, state, meter, tape.length)

@@ -102,20 +102,27 @@ class ReversibleStep:
         before), added to where it read, replaced for buffers handed to an inner
         loop. They are returned rather than applied so that the caller can apply
         them outside any `lax.cond`, keeping the buffer-sized cotangents in place."""
-        _, vjp_fn, access = self._linearize(x, bufs)
-        return lambda ct: self._pullback(vjp_fn, access, ct, ct_bufs, active)
+        _, _, residuals = self.linearize(x, bufs)
+        return self.pullback(residuals, ct_bufs, active)
 
     def forward_vjp(self, x, bufs, ct_bufs, active):
         """`(x', pullback)`: the step at `x`, forward and linearized, from one
         evaluation (`vjp`'s pullback; `x'` is the step's result where `active`,
         else `x`)."""
-        x_next, vjp_fn, access = self._linearize(x, bufs)
+        x_next, _, residuals = self.linearize(x, bufs)
         x_next = select_if_batched(active, x_next, x)
-        return x_next, lambda ct: self._pullback(vjp_fn, access, ct, ct_bufs, active)
+        return x_next, self.pullback(residuals, ct_bufs, active)
 
-    def _linearize(self, x, bufs):
-        """`(x', vjp_fn, access)`: the step at `x` (`x'`, its result), its
-        `jax.vjp` in the perturbed leaves, and where it wrote and read."""
+    def pullback(self, residuals, ct_bufs, active):
+        """`vjp`'s pullback from the step's `residuals` (`linearize`'s): what it
+        reads, so that a taped step (`_tape`) is reversed without evaluating it."""
+        return lambda ct: self._pullback(*residuals, ct, ct_bufs, active)
+
+    def linearize(self, x, bufs, active=True):
+        """`(x', bufs', residuals)`: the step at `x` (its result `x'`, the buffers
+        after its writes, made only where `active`), and what its pullback reads:
+        `residuals = (vjp_fn, access)`, its `jax.vjp` in the perturbed leaves (a
+        tree whose leaves are its residual arrays) and where it wrote and read."""
         diff_x, static_x = eqx.partition(x, self.perturbed.x)
         stand_ins = self.layout.read_stand_ins()
 
@@ -131,7 +138,7 @@ class ReversibleStep:
                 eqx.combine(diff_x, static_x),
                 tuple(all_bufs),
                 tuple(all_stand_ins),
-                jnp.array(True),
+                jnp.asarray(active, bool),
             )
             out = body(step)
             values = tuple(
@@ -142,14 +149,14 @@ class ReversibleStep:
             access = tuple((i, p) for _, i, p in out.writes), out.reads
             unperturbed = eqx.filter(out.x, self.perturbed.x, inverse=True)
             diff_out = eqx.filter(out.x, self.perturbed.x)
-            return (diff_out, values, dense_out), (access, unperturbed)
+            return (diff_out, values, dense_out), (access, unperturbed, out.bufs)
 
         float_stand_ins = tuple(stand_ins[k] for k in self.float_reads)
         dense_bufs = tuple(bufs[leaf] for leaf in self.dense)
-        (diff_out, _, _), vjp_fn, (access, unperturbed) = jax.vjp(
+        (diff_out, _, _), vjp_fn, (access, unperturbed, new_bufs) = jax.vjp(
             f, self.diff_body, diff_x, float_stand_ins, dense_bufs, has_aux=True
         )
-        return eqx.combine(diff_out, unperturbed), vjp_fn, access
+        return eqx.combine(diff_out, unperturbed), new_bufs, (vjp_fn, access)
 
     def _pullback(self, vjp_fn, access, ct, ct_bufs, active):
         writes, reads = access

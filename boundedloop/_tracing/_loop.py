@@ -112,3 +112,8 @@ class LoopConfig(eqx.Module):
     stop_check: str | None = eqx.field(static=True, default=None)
     # the loop's name for the buffer checks' errors, or None: no check
     buffer_check: str | None = eqx.field(static=True, default=None)
+    # `memory=`'s budget in bytes, or None: `checkpoints` alone, nothing taped
+    memory: int | None = eqx.field(static=True, default=None)
+    # the steps whose residuals the gradient's forward sweep tapes (`_sweeps._tape`),
+    # planned from `memory` once the step's residuals are known
+    tape_steps: int = eqx.field(static=True, default=0)

@@ -1,0 +1,179 @@
+"""The tape: what a step's vector-Jacobian product reads (its residuals), kept for
+the last steps of the checkpointed forward sweep, so that the reverse sweep reverses
+them without evaluating the step again.
+
+A step's residuals (`ReversibleStep.linearize`) split in two. Those that depend on
+the carry or the buffers change from step to step: the forward sweep writes them
+into a ring of `tape_steps` rows (step `t` in row `t % tape_steps`). The others
+(the body's parameters, or values computed from them alone) are the same at every
+step: they are found once, where the reverse sweep starts, never taped. Which is
+which is read off the traced linearization (`_varying_outputs`).
+"""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+from jax import lax
+from jax.extend.core import jaxpr_as_fun, Literal
+
+from .._tracing._loop import LoopConfig
+from ._schedule import default_checkpoints
+from ._step import invariant_leaves, ReversibleStep
+
+
+def _varying_outputs(jaxpr) -> list[bool]:
+    """Per output of `jaxpr`, whether it may depend on an input (not only on its
+    constants): an equation with any such operand makes all its outputs so."""
+    depends = set(jaxpr.invars)
+    for e in jaxpr.eqns:
+        if any(not isinstance(v, Literal) and v in depends for v in e.invars):
+            depends.update(e.outvars)
+    return [not isinstance(v, Literal) and v in depends for v in jaxpr.outvars]
+
+
+class TapedStep:
+    """A `ReversibleStep` whose residuals are taped.
+
+    **Arguments:**
+
+    - `step`: the loop's step.
+    - `x`, `bufs`: a carry and buffers of the loop (their shapes are what matter;
+        their values are read only by `invariants`).
+    """
+
+    def __init__(self, step: ReversibleStep, x, bufs):
+        self.step = step
+        found = {}
+
+        def residual_leaves(x, bufs):
+            residuals = step.linearize(x, bufs)[2]
+            leaves, found["treedef"] = jtu.tree_flatten(residuals)
+            return leaves
+
+        self._x, self._bufs = x, bufs
+        self._closed = jax.make_jaxpr(residual_leaves)(x, bufs)
+        self.treedef = found["treedef"]
+        self.varying = tuple(_varying_outputs(self._closed.jaxpr))
+        avals = self._closed.out_avals
+        self.shapes = [
+            jax.ShapeDtypeStruct(a.shape, a.dtype)
+            for a, v in zip(avals, self.varying)
+            if v
+        ]
+
+    @property
+    def bytes_per_step(self) -> int:
+        """The bytes one step's row of the tape holds."""
+        return sum(math.prod(s.shape) * s.dtype.itemsize for s in self.shapes)
+
+    def empty(self, steps: int) -> tuple:
+        """A tape of `steps` rows, as zeros."""
+        return tuple(jnp.zeros((steps, *s.shape), s.dtype) for s in self.shapes)
+
+    def forward(self, x, bufs, active):
+        """`(x', bufs', row)`: one step, and the varying residuals it tapes."""
+        x_next, bufs_next, residuals = self.step.linearize(x, bufs, active)
+        leaves = jtu.tree_leaves(residuals)
+        return x_next, bufs_next, [r for r, v in zip(leaves, self.varying) if v]
+
+    def invariants(self) -> list:
+        """The residuals every step shares: those the linearization forwards from
+        its constants as they are, and (only if there are others) the rest from
+        one evaluation of the linearized step at the carry it was made with."""
+        jaxpr, consts = self._closed.jaxpr, self._closed.consts
+        const_of = dict(zip(jaxpr.constvars, consts))
+        direct = [
+            v.val if isinstance(v, Literal) else const_of.get(v)
+            for v in jaxpr.outvars
+        ]
+        computed = [
+            d is None and not v
+            for d, v, o in zip(direct, self.varying, jaxpr.outvars)
+            if not isinstance(o, Literal)
+        ]
+        if any(computed):
+            flat = jtu.tree_leaves((self._x, self._bufs))
+            values = jaxpr_as_fun(self._closed)(*flat)
+            direct = [d if d is not None else o for d, o in zip(direct, values)]
+        return [d for d, v in zip(direct, self.varying) if not v]
+
+    def pullback(self, row, invariants, ct_bufs, active):
+        """`ReversibleStep.vjp`'s pullback, from a row of the tape."""
+        row, invariants = iter(row), iter(invariants)
+        leaves = [next(row) if v else next(invariants) for v in self.varying]
+        residuals = jtu.tree_unflatten(self.treedef, leaves)
+        return self.step.pullback(residuals, ct_bufs, active)
+
+
+def write(tape: tuple, t, row) -> tuple:
+    """`tape` with step `t`'s `row` in its row `t % steps`."""
+    steps = tape[0].shape[0] if tape else 1
+    slot = t % steps
+    return tuple(
+        lax.dynamic_update_index_in_dim(a, r.astype(a.dtype), slot, 0)
+        for a, r in zip(tape, row)
+    )
+
+
+def read(tape: tuple, t) -> list:
+    """Step `t`'s row of `tape`."""
+    steps = tape[0].shape[0] if tape else 1
+    return [lax.dynamic_index_in_dim(a, t % steps, keepdims=False) for a in tape]
+
+
+def plan(
+    memory: int, carry_bytes: int, row_bytes: int, max_steps: int | None
+) -> tuple[int, int]:
+    """`(checkpoints, tape_steps)` for a budget of `memory` bytes, where a copy of
+    the carry takes `carry_bytes` and a step's row of the tape `row_bytes`.
+
+    - Every step taped, when `max_steps` rows and one carry copy fit: the gradient
+      is then a stored scan (no step evaluated twice).
+    - Otherwise the checkpoints `checkpoints=None` would give (as many as fit), and
+      the rest of the budget as tape rows; what remains after whole rows, as more
+      checkpoints. A tape of fewer than 2 rows is not worth its per-step writes:
+      then the budget is all checkpoints.
+
+    `memory` must hold one copy of the carry (the caller checks)."""
+    most = max(max_steps, 1) if max_steps is not None else None
+
+    def capped(c):
+        return max(1, c if most is None else min(c, most))
+
+    if row_bytes == 0:  # nothing varies from step to step: taping is free
+        return capped(memory // max(carry_bytes, 1)), most or 0
+    if most is not None and carry_bytes + most * row_bytes <= memory:
+        return 1, most
+    base = min(default_checkpoints(max_steps), memory // max(carry_bytes, 1))
+    rows = (memory - base * carry_bytes) // row_bytes
+    if most is not None:
+        rows = min(rows, most)
+    if rows < 2:
+        return capped(memory // max(carry_bytes, 1)), 0
+    left = memory - base * carry_bytes - rows * row_bytes
+    return capped(base + left // max(carry_bytes, 1)), rows
+
+
+def carry_bytes(body, x) -> int:
+    """The bytes of one checkpoint: the carry leaves the loop changes (`x`, the
+    ordinary leaves; a leaf the body returns as it took it is stored once)."""
+    invariant = invariant_leaves(body, len(x))
+    return sum(
+        math.prod(jnp.shape(v)) * jnp.result_type(v).itemsize
+        for v, fixed in zip(x, invariant)
+        if not fixed
+    )
+
+
+def planned(config: LoopConfig, step: ReversibleStep, x, bufs) -> LoopConfig:
+    """`config` with its checkpoints and taped steps planned from `config.memory`
+    (`plan`), for the gradient's sweeps; `config` itself without a budget."""
+    if config.memory is None:
+        return config
+    row = TapedStep(step, x, bufs).bytes_per_step
+    size = carry_bytes(step.body, x)
+    slots, steps = plan(config.memory, size, row, config.max_steps)
+    return dataclasses.replace(config, checkpoints=slots, tape_steps=steps)
