@@ -155,4 +155,4 @@ class CheckpointStore(NamedTuple):
     length: Int[Array, ""]  # iterations the sweep ran (never batched)
     bufs: tuple  # the final buffers: every value ever written
     # the last `tape_steps` steps' residuals (`_tape`), or None: nothing taped
-    tape: tuple | None = None
+    tape: Any = None

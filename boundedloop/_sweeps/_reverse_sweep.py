@@ -352,7 +352,7 @@ def reverse_sweep(
         step.zero_ct_body(),
         _buffer_checks.reverse_initial(step, tape.bufs, config.buffer_check),
     )
-    if tape.tape is not None:
+    if tape.tape is not None and tape.tape.key == step.key:
         state = reverse_taped(sweep, state, config.tape_steps)
     meter = _progress.start(config.max_steps, reverse=True)  # None unless metered
     if sweep.one_loop and not sweep.every_step_stored:

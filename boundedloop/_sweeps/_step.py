@@ -72,6 +72,8 @@ class ReversibleStep:
         self.layout = layout
         self.perturbed = perturbed
         self.diff_body, self.static_body = eqx.partition(body, wanted)
+        # what it differentiates: a tape of its residuals serves only this `key`
+        self.key = (tuple(jtu.tree_leaves(wanted)), perturbed)
         self.dense = [
             leaf for leaf, p in enumerate(perturbed.bufs) if p and leaf in layout.shared
         ]

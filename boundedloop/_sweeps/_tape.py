@@ -12,7 +12,9 @@ which is read off the traced linearization (`_varying_outputs`).
 
 import dataclasses
 import math
+from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
@@ -69,9 +71,10 @@ class TapedStep:
         """The bytes one step's row of the tape holds."""
         return sum(math.prod(s.shape) * s.dtype.itemsize for s in self.shapes)
 
-    def empty(self, steps: int) -> tuple:
+    def empty(self, steps: int) -> "Tape":
         """A tape of `steps` rows, as zeros."""
-        return tuple(jnp.zeros((steps, *s.shape), s.dtype) for s in self.shapes)
+        rows = tuple(jnp.zeros((steps, *s.shape), s.dtype) for s in self.shapes)
+        return Tape(rows, self.step.key)
 
     def forward(self, x, bufs, active):
         """`(x', bufs', row)`: one step, and the varying residuals it tapes."""
@@ -108,20 +111,31 @@ class TapedStep:
         return self.step.pullback(residuals, ct_bufs, active)
 
 
-def write(tape: tuple, t, row) -> tuple:
+class Tape(eqx.Module):
+    """The residuals of the last steps: a stacked array per varying residual."""
+
+    rows: tuple
+    # the `ReversibleStep.key` of the step that taped them: a reverse sweep whose
+    # step differentiates other leaves (an outer reverse pass, under `grad` of
+    # `grad`) has other residuals, and does not read these
+    key: Any = eqx.field(static=True)
+
+
+def write(tape: Tape, t, row) -> Tape:
     """`tape` with step `t`'s `row` in its row `t % steps`."""
-    steps = tape[0].shape[0] if tape else 1
+    steps = tape.rows[0].shape[0] if tape.rows else 1
     slot = t % steps
-    return tuple(
+    rows = tuple(
         lax.dynamic_update_index_in_dim(a, r.astype(a.dtype), slot, 0)
-        for a, r in zip(tape, row)
+        for a, r in zip(tape.rows, row)
     )
+    return Tape(rows, tape.key)
 
 
-def read(tape: tuple, t) -> list:
+def read(tape: Tape, t) -> list:
     """Step `t`'s row of `tape`."""
-    steps = tape[0].shape[0] if tape else 1
-    return [lax.dynamic_index_in_dim(a, t % steps, keepdims=False) for a in tape]
+    steps = tape.rows[0].shape[0] if tape.rows else 1
+    return [lax.dynamic_index_in_dim(a, t % steps, keepdims=False) for a in tape.rows]
 
 
 def plan(
