@@ -9,6 +9,7 @@ from equinox import (
     filter_vmap as filter_vmap,
 )
 
+from ._api._memory_plan import memory_plan as memory_plan, MemoryPlan as MemoryPlan
 from ._api._module import Loop as Loop, LoopModule as LoopModule
 from ._api._scan import fori_loop as fori_loop, scan as scan
 from ._api._stats import LoopStats as LoopStats

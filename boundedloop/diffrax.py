@@ -22,7 +22,7 @@ import jax
 import jax.tree_util as jtu
 from diffrax._solver import runge_kutta as _runge_kutta
 
-from ._api._arguments import check_checkpoints
+from ._api._arguments import check_checkpoints, check_memory
 from ._api._equinox_signature import (
     equinox_default_checkpoints,
     equinox_style_while_loop,
@@ -111,16 +111,21 @@ class CheckpointedAdjoint(diffrax.AbstractAdjoint):
         adjoints keeps the memory and the recomputation; with `max_steps=None`
         (which `RecursiveCheckpointAdjoint()` refuses) it is `bl.while_loop`'s
         default, 16.
+    - `memory`: instead of `checkpoints`, a budget in bytes for the stepping loop's
+        reverse sweep (an `int`, or a string such as `"2 GiB"`), as
+        `bl.while_loop`'s `memory`: copies of the solver state and a tape of the
+        last steps' residuals (`bl.memory_plan` says what it buys).
     """
 
     checkpoints: int | None = None
+    memory: int | str | None = None
 
     def __check_init__(self):
-        # a bad count is reported where it is given, not at the solve
+        # a bad count or budget is reported where it is given, not at the solve
+        name = "boundedloop.diffrax.CheckpointedAdjoint"
+        check_memory(self.memory, self.checkpoints, name)
         if self.checkpoints is not None:
-            check_checkpoints(
-                self.checkpoints, None, "boundedloop.diffrax.CheckpointedAdjoint"
-            )
+            check_checkpoints(self.checkpoints, None, name)
 
     def loop(
         self,
@@ -152,9 +157,10 @@ class CheckpointedAdjoint(diffrax.AbstractAdjoint):
                 inner_while_loop=_inner_loop,
                 outer_while_loop=functools.partial(
                     _outer_loop,
-                    checkpoints=equinox_default_checkpoints(
-                        self.checkpoints, max_steps
-                    ),
+                    checkpoints=None
+                    if self.memory is not None
+                    else equinox_default_checkpoints(self.checkpoints, max_steps),
+                    memory=self.memory,
                 ),
                 **kwargs,
             )

@@ -17,7 +17,7 @@ Differentiates through the solver's iterations, as
 
 import optimistix as optx
 
-from ._api._arguments import check_checkpoints
+from ._api._arguments import check_checkpoints, check_memory
 from ._api._equinox_signature import (
     equinox_default_checkpoints,
     equinox_style_while_loop,
@@ -43,16 +43,19 @@ class CheckpointedAdjoint(optx.AbstractAdjoint):
         `RecursiveCheckpointAdjoint`'s default for the solve's `max_steps` (about
         `sqrt(2 * max_steps)`), or `bl.while_loop`'s own default where `max_steps`
         is `None`.
+    - `memory`: instead of `checkpoints`, a budget in bytes for the reverse sweep (an
+        `int`, or a string such as `"2 GiB"`), as `bl.while_loop`'s `memory`.
     """
 
     checkpoints: int | None = None
+    memory: int | str | None = None
 
     def __check_init__(self):
-        # a bad count is reported where it is given, not at the solve
+        # a bad count or budget is reported where it is given, not at the solve
+        name = "boundedloop.optimistix.CheckpointedAdjoint"
+        check_memory(self.memory, self.checkpoints, name)
         if self.checkpoints is not None:
-            check_checkpoints(
-                self.checkpoints, None, "boundedloop.optimistix.CheckpointedAdjoint"
-            )
+            check_checkpoints(self.checkpoints, None, name)
 
     def apply(self, primal_fn, rewrite_fn, inputs, tags):
         """optimistix's hook: run the solve (`primal_fn`) with our loop.
@@ -65,13 +68,16 @@ class CheckpointedAdjoint(optx.AbstractAdjoint):
         del rewrite_fn, tags
 
         def loop(cond_fun, body_fun, init_val, *, max_steps, **kwargs):
-            checkpoints = equinox_default_checkpoints(self.checkpoints, max_steps)
+            checkpoints = None
+            if self.memory is None:
+                checkpoints = equinox_default_checkpoints(self.checkpoints, max_steps)
             return equinox_style_while_loop(
                 cond_fun,
                 body_fun,
                 init_val,
                 max_steps=max_steps,
                 checkpoints=checkpoints,
+                memory=self.memory,
                 **kwargs,
             )
 

@@ -7,14 +7,22 @@ from ._while_loop import while_loop
 
 
 def equinox_style_while_loop(
-    cond_fun, body_fun, init_val, *, max_steps, buffers=None, checkpoints=None, **_
+    cond_fun,
+    body_fun,
+    init_val,
+    *,
+    max_steps,
+    buffers=None,
+    checkpoints=None,
+    memory=None,
+    **_,
 ):
     """`bl.while_loop` called as a client calls `equinox.internal.while_loop`.
 
     **Arguments:**
 
-    - `cond_fun`, `body_fun`, `init_val`, `max_steps`, `buffers`, `checkpoints`: as
-      for `bl.while_loop`.
+    - `cond_fun`, `body_fun`, `init_val`, `max_steps`, `buffers`, `checkpoints`,
+      `memory`: as for `bl.while_loop`.
     - the rest (equinox's `kind`, `base`): ignored; the loop is always ours.
 
     The client's buffers follow Equinox's rules, not ours: an out-of-range write
@@ -31,6 +39,7 @@ def equinox_style_while_loop(
             init_val,
             max_steps=max_steps,
             checkpoints=checkpoints,
+            memory=memory,
             buffers=buffers,
         )
 

@@ -90,6 +90,7 @@ class LoopModule(eqx.Module, Generic[Carry]):
         *,
         max_steps: int | None,
         checkpoints: int | None = None,
+        memory: int | str | None = None,
         stats: bool = False,
     ) -> Carry | tuple[Carry, LoopStats]:
         """Run the checkpointed bounded loop from `init`: `bl.while_loop(self.cond,
@@ -102,6 +103,8 @@ class LoopModule(eqx.Module, Generic[Carry]):
         - `max_steps`: the most steps to take, or `None` for no bound.
         - `checkpoints`: carry copies the backward pass may hold; see
             `bl.while_loop`.
+        - `memory`: instead of `checkpoints`, a budget in bytes for the backward
+            pass (an `int`, or a string such as `"2 GiB"`); see `bl.while_loop`.
         - `stats`: whether to return a [`bl.LoopStats`][boundedloop.LoopStats] too:
             the steps taken, and whether the loop ran out of steps.
 
@@ -116,6 +119,7 @@ class LoopModule(eqx.Module, Generic[Carry]):
             init,
             max_steps=max_steps,
             checkpoints=checkpoints,
+            memory=memory,
             buffers=buffers,
             stats=stats,
         )

@@ -51,6 +51,7 @@ def scan(
     length: int | None = None,
     *,
     checkpoints: int | None = None,
+    memory: int | str | None = None,
     buffers: Callable[[Carry], Any] | None = None,
 ) -> tuple[Carry, Y]:
     """As `jax.lax.scan`, checkpointed, with the checkpoints placed offline.
@@ -82,6 +83,9 @@ def scan(
     - `length`: the number of steps; needed when `xs` is `None`.
     - `checkpoints`: carry copies the backward pass may hold; `None` picks the
         default of `bl.while_loop` for `max_steps=length`.
+    - `memory`: instead of `checkpoints`, a budget in bytes (or a string such as
+        `"2 GiB"`), as for `bl.while_loop`: when every step's residuals fit, the
+        gradient is `lax.scan`'s, every step stored.
     - `buffers`: in-place buffers of the carry, as for `bl.while_loop`.
 
     **Returns:**
@@ -124,6 +128,7 @@ def scan(
             (init, xs_arrays, ys0, jnp.array(0, jnp.int32)),
             max_steps=n,
             checkpoints=checkpoints,
+            memory=memory,
             buffers=loop_buffers,
             name=name,
             known_length=True,
@@ -237,6 +242,7 @@ def fori_loop(
     init_val: Carry,
     *,
     checkpoints: int | None = None,
+    memory: int | str | None = None,
     buffers: Callable[[Carry], Any] | None = None,
 ) -> Carry:
     """As `jax.lax.fori_loop` with static bounds, via `bl.scan`:
@@ -254,7 +260,7 @@ def fori_loop(
     - `lower`, `upper`: Python ints, the range of `i`.
     - `body_fun`: `(i, val) -> val`.
     - `init_val`: the initial value.
-    - `checkpoints`, `buffers`: as for `bl.scan`.
+    - `checkpoints`, `memory`, `buffers`: as for `bl.scan`.
 
     **Returns:**
 
@@ -275,6 +281,7 @@ def fori_loop(
         steps,
         length=n,
         checkpoints=checkpoints,
+        memory=memory,
         buffers=buffers,
     )
     return final

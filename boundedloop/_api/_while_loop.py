@@ -10,6 +10,7 @@ from .._runtime._checks import (
     max_steps_check_mode,
     tracing_a_loop,
 )
+from .._sweeps._tape import carry_bytes
 from .._tracing._buffers import (
     buffer_names,
     check_every_step_writes,
@@ -20,7 +21,6 @@ from .._tracing._buffers import (
 from .._tracing._loop import LoopConfig
 from .._tracing._read_ahead import warn_reads_ahead
 from .._tracing._trace import trace_loop
-from .._sweeps._tape import carry_bytes
 from ._arguments import (
     check_checkpoints,
     check_max_steps,

@@ -216,3 +216,38 @@ def offline_stores(n: int, slots: int) -> list[tuple[int, int]]:
     """The stores of the forward sweep of a loop known to take `n` steps (a scan):
     `offline_placement`, as `(t, slot)` pairs in order."""
     return list(zip(offline_placement(n, slots), itertools.count()))
+
+
+def _revolve_cost(length: int, slots: int) -> int:
+    """Extra body evaluations to reverse `length` steps from a stored start with
+    `slots` slots (the start's included): `r * l - C(k + r, r - 1)`."""
+    if length <= 1:
+        return 0
+    r = repetitions(length, slots)
+    return r * length - math.comb(slots + r, r - 1)
+
+
+def gradient_evaluations(
+    n: int, slots: int, tape_steps: int = 0, known_length: bool = False
+) -> int:
+    """Body evaluations in one gradient of an `n`-step loop with `slots` slots whose
+    last `tape_steps` steps are taped: `n` forward; each step below the tape once
+    more for its vector-Jacobian product, plus the recomputation from the
+    checkpoints the forward sweep stored below the tape (`online_stores`, or
+    `offline_placement` for a loop of known length)."""
+    rest = max(n - tape_steps, 0)
+    if rest == 0:
+        return n
+    if known_length:
+        positions = offline_placement(n, slots)
+    else:
+        held = {}
+        for t, slot in online_stores(n, slots):
+            held[slot] = t
+        positions = sorted(held.values())
+    bounds = [p for p in positions if p < rest] + [rest]
+    extra = sum(
+        _revolve_cost(bounds[j + 1] - bounds[j], slots - j)
+        for j in range(len(bounds) - 1)
+    )
+    return n + rest + extra

@@ -82,22 +82,27 @@ class TapedStep:
         leaves = jtu.tree_leaves(residuals)
         return x_next, bufs_next, [r for r, v in zip(leaves, self.varying) if v]
 
+    def _direct(self) -> list:
+        """Per residual, its value where the linearization forwards it from its
+        constants as it is (or it is a literal), else `None`."""
+        jaxpr, consts = self._closed.jaxpr, self._closed.consts
+        const_of = dict(zip(jaxpr.constvars, consts))
+        return [
+            v.val if isinstance(v, Literal) else const_of.get(v) for v in jaxpr.outvars
+        ]
+
+    @property
+    def evaluates_shared(self) -> bool:
+        """Whether `invariants` evaluates the step: some residual every step shares
+        is computed from the body's parameters, not one of them as it is."""
+        return any(d is None and not v for d, v in zip(self._direct(), self.varying))
+
     def invariants(self) -> list:
         """The residuals every step shares: those the linearization forwards from
         its constants as they are, and (only if there are others) the rest from
         one evaluation of the linearized step at the carry it was made with."""
-        jaxpr, consts = self._closed.jaxpr, self._closed.consts
-        const_of = dict(zip(jaxpr.constvars, consts))
-        direct = [
-            v.val if isinstance(v, Literal) else const_of.get(v)
-            for v in jaxpr.outvars
-        ]
-        computed = [
-            d is None and not v
-            for d, v, o in zip(direct, self.varying, jaxpr.outvars)
-            if not isinstance(o, Literal)
-        ]
-        if any(computed):
+        direct = self._direct()
+        if self.evaluates_shared:
             flat = jtu.tree_leaves((self._x, self._bufs))
             values = jaxpr_as_fun(self._closed)(*flat)
             direct = [d if d is not None else o for d, o in zip(direct, values)]
