@@ -59,7 +59,9 @@ def case(rows, n, max_steps, variants, rounds, W, x):
             c = make(kind, n, max_steps, W, **kw).lower(W, x, n).compile()
             jax.block_until_ready(c(W, x, n))
         except Exception as e:  # noqa: BLE001 (a variant that does not fit)
-            rows.append(dict(n=n, max_steps=max_steps, variant=label, error=str(e)[:160]))
+            rows.append(
+                dict(n=n, max_steps=max_steps, variant=label, error=str(e)[:160])
+            )
             print(rows[-1], flush=True)
             continue
         seconds = time.perf_counter() - start

@@ -22,7 +22,6 @@ from jax import lax
 from jax.extend.core import jaxpr_as_fun, Literal
 
 from .._tracing._loop import LoopConfig
-from ._schedule import default_checkpoints
 from ._step import invariant_leaves, ReversibleStep
 
 
@@ -149,31 +148,18 @@ def plan(
     """`(checkpoints, tape_steps)` for a budget of `memory` bytes, where a copy of
     the carry takes `carry_bytes` and a step's row of the tape `row_bytes`.
 
-    - Every step taped, when `max_steps` rows and one carry copy fit: the gradient
-      is then a stored scan (no step evaluated twice).
-    - Otherwise the checkpoints `checkpoints=None` would give (as many as fit), and
-      the rest of the budget as tape rows; what remains after whole rows, as more
-      checkpoints. A tape of fewer than 2 rows is not worth its per-step writes:
-      then the budget is all checkpoints.
-
-    `memory` must hold one copy of the carry (the caller checks)."""
-    most = max(max_steps, 1) if max_steps is not None else None
-
-    def capped(c):
-        return max(1, c if most is None else min(c, most))
-
-    if row_bytes == 0:  # nothing varies from step to step: taping is free
-        return capped(memory // max(carry_bytes, 1)), most or 0
-    if most is not None and carry_bytes + most * row_bytes <= memory:
-        return 1, most
-    base = min(default_checkpoints(max_steps), memory // max(carry_bytes, 1))
-    rows = (memory - base * carry_bytes) // row_bytes
-    if most is not None:
-        rows = min(rows, most)
-    if rows < 2:
-        return capped(memory // max(carry_bytes, 1)), 0
-    left = memory - base * carry_bytes - rows * row_bytes
-    return capped(base + left // max(carry_bytes, 1)), rows
+    Every step is taped when `max_steps` rows and one carry copy fit: the gradient
+    is then a stored scan (no step evaluated twice). Otherwise the budget is all
+    checkpoints: a tape of only the last steps made the chip's headline gradient
+    slower than checkpoints alone (0.5 GB: 204 ms against 146 ms at 16
+    checkpoints; `benchmarks/results/memory_curve_tpu.json`), a cost not yet
+    profiled. `memory` must hold one copy of the carry (the caller checks)."""
+    copies = max(1, memory // max(carry_bytes, 1))
+    if max_steps is not None:
+        copies = min(copies, max(max_steps, 1))
+        if carry_bytes + max_steps * row_bytes <= memory:
+            return 1, max_steps
+    return copies, 0
 
 
 def carry_bytes(body, x) -> int:
