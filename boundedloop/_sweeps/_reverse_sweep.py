@@ -48,7 +48,7 @@ from ._recompute import (
     Stack,
     Sweep,
 )
-from ._step import ReversibleStep
+from ._step import apply_updates, no_updates, ReversibleStep, wholly_read
 
 
 class ReverseState(NamedTuple):
@@ -108,7 +108,7 @@ def _reverse(sw: Sweep, state, i, pullback, active, then=None):
     if then is not None or _cost_model.orders_buffer_reads(state.ct_bufs):
         shapes = jax.eval_shape(reverse, state.ct, state.ct_body, operands)[2]
     if then is not None or (
-        shapes is not None and not sw.step.wholly_read(shapes, state.ct_bufs)
+        shapes is not None and not wholly_read(sw.step, shapes, state.ct_bufs)
     ):
         # `i == end - 1` always holds, without `then`. The `lax.cond` is there for
         # XLA: the buffers' cotangents are read inside it and updated in place after
@@ -117,10 +117,10 @@ def _reverse(sw: Sweep, state, i, pullback, active, then=None):
         # operands would take memory of their own), with small ones (a copy costs
         # less), or when the step reads a whole buffer (its update touches all of
         # the cotangent anyway: `benchmarks/results/thresholds.md`).
-        no_updates = sw.step.no_updates(shapes, state.ct_bufs)
+        unchanged = no_updates(sw.step, shapes, state.ct_bufs)
 
         def skip(ct, ct_body, operands):
-            out = ct, ct_body, no_updates
+            out = ct, ct_body, unchanged
             if then is None:
                 return out
             out = (*out, then[1](operands))
@@ -135,7 +135,7 @@ def _reverse(sw: Sweep, state, i, pullback, active, then=None):
     else:
         ct, ct_body, updates = reverse(state.ct, state.ct_body, None)
         more = []
-    ct_bufs = sw.step.apply_updates(state.ct_bufs, updates)
+    ct_bufs = apply_updates(sw.step, state.ct_bufs, updates)
     ct = carried(sw, ct)
     check = state.check
     if check is not None:

@@ -100,7 +100,7 @@ class ReversibleStep:
         """The step at `x`, linearized: `pullback(ct_x') -> (ct_body, ct_x,
         updates)`, with `ct_x` for the perturbed leaves of `x`. `updates`, a
         `BufferUpdates`, says how the buffers' cotangents change, for
-        `apply_updates`: cleared where the step wrote (those values did not exist
+        `apply_updates` (below): cleared where the step wrote (those values did not exist
         before), added to where it read, replaced for buffers handed to an inner
         loop. They are returned rather than applied so that the caller can apply
         them outside any `lax.cond`, keeping the buffer-sized cotangents in place."""
@@ -179,42 +179,46 @@ class ReversibleStep:
         replaced = select_if_batched(active, d_dense, ct_dense)
         return d_body, d_x, BufferUpdates(tuple(cleared), added, replaced)
 
-    def _read_leaves(self) -> list[int]:
-        """The buffer leaf of each read in `BufferUpdates.added`."""
-        return [self.layout.read_leaves[k] for k in self.float_reads]
 
-    def wholly_read(self, updates: BufferUpdates, ct_bufs) -> set[int]:
-        """The buffers some read in `updates` covers whole (its cotangent is as
-        large as the buffer's), as a stage loop reads all its stages; `updates`
-        may be abstract."""
-        return {
-            leaf
-            for leaf, (_, _, d) in zip(self._read_leaves(), updates.added)
-            if d.size >= ct_bufs[leaf].size
-        }
+def _read_leaves(step: ReversibleStep) -> list[int]:
+    """The buffer leaf of each read in `BufferUpdates.added`."""
+    return [step.layout.read_leaves[k] for k in step.float_reads]
 
-    def no_updates(self, updates: BufferUpdates, ct_bufs) -> BufferUpdates:
-        """Updates shaped like `updates` (abstract) that change nothing."""
-        zeros = jtu.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), updates)
-        return zeros._replace(replaced=tuple(ct_bufs[leaf] for leaf in self.dense))
 
-    def apply_updates(self, ct_bufs, updates: BufferUpdates):
-        """`ct_bufs` after a step's `updates` (see `vjp`)."""
-        ct_bufs = list(ct_bufs)
-        write_leaves = [w for w in self.layout.write_leaves if self.sparse[w]]
-        # a buffer the step reads whole gets a whole new cotangent anyway: its
-        # written windows are zeroed by a mask in the same pass, rather than in
-        # place (which needs the old cotangent copied for the reads of it)
-        whole = self.wholly_read(updates, ct_bufs)
-        for leaf, (index, live) in zip(write_leaves, updates.cleared):
-            if leaf in whole:
-                mask = put(jnp.zeros(ct_bufs[leaf].shape, bool), index, live)
-                ct_bufs[leaf] = jnp.where(mask, 0, ct_bufs[leaf])
-            else:
-                ct_bufs[leaf] = put(ct_bufs[leaf], index, 0, live)
-        for leaf, (index, live, d) in zip(self._read_leaves(), updates.added):
-            here = get(ct_bufs[leaf], index)
-            ct_bufs[leaf] = put(ct_bufs[leaf], index, here + d.astype(here.dtype), live)
-        for leaf, new in zip(self.dense, updates.replaced):
-            ct_bufs[leaf] = new
-        return tuple(ct_bufs)
+def wholly_read(step: ReversibleStep, updates: BufferUpdates, ct_bufs) -> set[int]:
+    """The buffers some read in `updates` covers whole (its cotangent is as
+    large as the buffer's), as a stage loop reads all its stages; `updates`
+    may be abstract."""
+    return {
+        leaf
+        for leaf, (_, _, d) in zip(_read_leaves(step), updates.added)
+        if d.size >= ct_bufs[leaf].size
+    }
+
+
+def no_updates(step: ReversibleStep, updates: BufferUpdates, ct_bufs) -> BufferUpdates:
+    """Updates shaped like `updates` (abstract) that change nothing."""
+    zeros = jtu.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), updates)
+    return zeros._replace(replaced=tuple(ct_bufs[leaf] for leaf in step.dense))
+
+
+def apply_updates(step: ReversibleStep, ct_bufs, updates: BufferUpdates):
+    """`ct_bufs` after a step's `updates` (see `vjp`)."""
+    ct_bufs = list(ct_bufs)
+    write_leaves = [w for w in step.layout.write_leaves if step.sparse[w]]
+    # a buffer the step reads whole gets a whole new cotangent anyway: its
+    # written windows are zeroed by a mask in the same pass, rather than in
+    # place (which needs the old cotangent copied for the reads of it)
+    whole = wholly_read(step, updates, ct_bufs)
+    for leaf, (index, live) in zip(write_leaves, updates.cleared):
+        if leaf in whole:
+            mask = put(jnp.zeros(ct_bufs[leaf].shape, bool), index, live)
+            ct_bufs[leaf] = jnp.where(mask, 0, ct_bufs[leaf])
+        else:
+            ct_bufs[leaf] = put(ct_bufs[leaf], index, 0, live)
+    for leaf, (index, live, d) in zip(_read_leaves(step), updates.added):
+        here = get(ct_bufs[leaf], index)
+        ct_bufs[leaf] = put(ct_bufs[leaf], index, here + d.astype(here.dtype), live)
+    for leaf, new in zip(step.dense, updates.replaced):
+        ct_bufs[leaf] = new
+    return tuple(ct_bufs)
