@@ -1,5 +1,5 @@
 """What the docs' tables share: reading a results file, writing figures, and laying
-out markdown. Imports no JAX, so that `benchmarks/tables.py` stays cheap to import."""
+out markdown. Imports no JAX, so that `benchmarks/internal/tables.py` stays cheap to import."""
 
 import json
 import math

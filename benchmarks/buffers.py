@@ -96,7 +96,7 @@ def main():
     out.write_text(json.dumps(rows_out, indent=1))
 
 
-# --- the docs' tables (`benchmarks/tables.py` writes them) ---------------------
+# --- the docs' tables (`benchmarks/internal/tables.py` writes them) ---------------------
 
 # how `docs/why-boundedloop.md` names the loops, in its order
 WHY_BUFFER_NAMES = {

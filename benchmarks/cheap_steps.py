@@ -202,7 +202,7 @@ def main():
         )
 
 
-# --- the docs' table (`benchmarks/tables.py` writes it) ------------------------
+# --- the docs' table (`benchmarks/internal/tables.py` writes it) ------------------------
 
 
 def cheap_steps_table() -> str:

@@ -2,7 +2,7 @@
 adjoint and with ours by `tests/client_suites/run.py`, which writes
 `benchmarks/results/<client>_suite.json` (a row per test: its node id and, for the
 client's adjoint (`default`) and ours, the outcome, and `alone` where the test was
-run again in a process of its own). `benchmarks/tables.py` writes them."""
+run again in a process of its own). `benchmarks/internal/tables.py` writes them."""
 
 from _format import load, page, table
 

@@ -291,7 +291,7 @@ def main():
     out.write_text(json.dumps({**results, "rows": list(rows.values())}, indent=1))
 
 
-# --- the docs' tables (`benchmarks/tables.py` writes them) ---------------------
+# --- the docs' tables (`benchmarks/internal/tables.py` writes them) ---------------------
 
 OURS, RCA = "CheckpointedAdjoint", "RecursiveCheckpointAdjoint"
 # diffrax's own adjoint for each mode: the ratios are to its time

@@ -252,7 +252,7 @@ def main():
     print(report(results))
 
 
-# --- the docs' table (`benchmarks/tables.py` writes it) ------------------------
+# --- the docs' table (`benchmarks/internal/tables.py` writes it) ------------------------
 
 
 def distributed_table() -> str:

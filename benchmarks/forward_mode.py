@@ -145,7 +145,7 @@ def main():
         write_results(out, rounds=rounds, rows=rows)
 
 
-# --- the docs' table (`benchmarks/tables.py` writes it) ------------------------
+# --- the docs' table (`benchmarks/internal/tables.py` writes it) ------------------------
 
 
 def forward_mode_table() -> str:

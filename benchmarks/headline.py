@@ -1,45 +1,32 @@
 """The headline workload: the gradient of a data-dependent loop whose store-everything
 tape does not fit in an accelerator's memory, on whatever backend JAX has.
 
-    python benchmarks/headline.py [--batch 512] [--width 4096] [--rounds 3] [--repeats 3]
-        [--only gradient|compile|all] [--out benchmarks/results/headline_<platform>.json]
+    python benchmarks/headline.py [--batch 512] [--width 4096] [--rounds 3]
+        [--out benchmarks/results/headline_<platform>.json]
 
 The workload: a state `x` of shape (batch, width) float32 (`normal`, key 1), a matrix
 `W` of shape (width, width) (`normal / sqrt(width)`, key 0), a body `(i, x) -> (i + 1,
 tanh(x @ W))` run until the counter reaches a traced `n`, the loss `mean(y ** 2)` of
 the final `y`, and `jax.grad` of the loss with respect to `W`.
 
-- **gradient** rows: for (n, max_steps) = (256, 1024) and (2048, 4096), checkpoints
-  16, four kinds: `scan` (`lax.scan` over exactly `n` steps, `n` static, JAX's default
-  AD storing every step), `scan_offload` (the same scan with every step's `y` offloaded
-  to `pinned_host` memory by a `jax.checkpoint` policy; only where the device has such
-  a memory), `equinox` (`equinox.internal.while_loop(..., kind="checkpointed")`) and
-  `boundedloop` (`bl.while_loop`); and `boundedloop` with checkpoints 64 on the larger
-  case. Each row: trace + lower seconds, XLA compile seconds, the compiled
-  `temp_size_in_bytes` and `host_temp_size_in_bytes`, and the seconds per gradient
-  (medians of `--rounds` interleaved rounds after a warm-up call). A failed trace,
-  compile or run (e.g. RESOURCE_EXHAUSTED: the tape does not fit) becomes a row with
-  an `error` string, and where the chip ran out of memory, `needs_gb` and `hbm_gb`
-  (from XLA's message).
-- **compile** rows: for the forward loss and its gradient, max_steps 4096, checkpoints
-  16, n 256: `boundedloop`, `equinox`, `scan` (256 steps) and, forward only, `lax`
-  (`lax.while_loop`). Trace, lower and XLA compile seconds, each separately, of a fresh
-  function, the kinds interleaved in each of `--repeats` repetitions after one warm-up
-  compile of each; every repetition's figures and their medians, the number of `while`
-  instructions in the compiled HLO and the number of lines of the optimized HLO.
-
-Every row records its parameters (`n`, `max_steps`, `checkpoints`, `kind`, `B`, `D`;
-the scans and `lax.while_loop` ignore `max_steps` and `checkpoints`, recorded as the
-setting's all the same; the scans run `n` steps, `scan_length` on compile rows). Rows
-are printed as they are made; the results file is written after each part.
+For (n, max_steps) = (256, 1024) and (2048, 4096), checkpoints 16, four kinds:
+`scan` (`lax.scan` over exactly `n` steps, `n` static, JAX's default AD storing every
+step), `scan_offload` (the same scan with every step's `y` offloaded to `pinned_host`
+memory by a `jax.checkpoint` policy; only where the device has such a memory),
+`equinox` (`equinox.internal.while_loop(..., kind="checkpointed")`) and `boundedloop`
+(`bl.while_loop`); and `boundedloop` with checkpoints 64 on the larger case. Each
+row: its parameters, trace + lower and XLA compile seconds, the compiled
+`temp_size_in_bytes` and `host_temp_size_in_bytes`, and the seconds per gradient
+(medians of `--rounds` interleaved rounds after a warm-up call). A failed trace,
+compile or run (e.g. RESOURCE_EXHAUSTED: the tape does not fit) becomes a row with an
+`error` string, and where the chip ran out of memory, `needs_gb` and `hbm_gb` (from
+XLA's message).
 """
 
 import argparse
 import os
 import pathlib
-import random
 import re
-import statistics
 import time
 
 import equinox.internal as eqxi
@@ -60,7 +47,6 @@ GRADIENT_CASES = [  # (n, max_steps, also boundedloop with EXTRA_CHECKPOINTS)
 GRADIENT_KINDS = ("scan", "scan_offload", "equinox", "boundedloop")
 CHECKPOINTS = 16
 EXTRA_CHECKPOINTS = 64
-COMPILE_N, COMPILE_MAX_STEPS = 256, 4096
 NO_PINNED_HOST = "no pinned_host memory on this device"
 
 
@@ -100,8 +86,6 @@ def loss_fn(kind, n, max_steps, checkpoints):
                 kind="checkpointed",
                 checkpoints=checkpoints,
             )
-        elif kind == "lax":
-            _, y = lax.while_loop(cond, body, (0, x))
         elif kind == "scan":
             y, _ = lax.scan(lambda y, _: (jnp.tanh(y @ w), None), x, None, length=n)
         elif kind == "scan_offload":
@@ -202,91 +186,11 @@ def gradient_rows(batch, width, rounds) -> list:
     return rows
 
 
-def _compile_once(kind, mode, w, x):
-    """Trace, lower and XLA-compile a fresh function; seconds of each, `while`
-    instructions and lines of the compiled (optimized) HLO."""
-    loss = loss_fn(kind, COMPILE_N, COMPILE_MAX_STEPS, CHECKPOINTS)
-    fn = jax.jit(jax.grad(loss) if mode == "grad" else loss)
-    t0 = time.perf_counter()
-    traced = fn.trace(w, x, jnp.int32(COMPILE_N))
-    t1 = time.perf_counter()
-    lowered = traced.lower()
-    t2 = time.perf_counter()
-    exe = lowered.compile()
-    t3 = time.perf_counter()
-    text = exe.as_text()
-    return dict(
-        trace_s=t1 - t0,
-        lower_s=t2 - t1,
-        xla_s=t3 - t2,
-        whiles=len(re.findall(r"\bwhile\(", text)),
-        hlo_lines=len(text.splitlines()),
-    )
-
-
-def compile_rows(batch, width, repeats) -> list:
-    w, x = workload(batch, width)
-    rows = []
-    rng = random.Random(0)
-    for mode in ("grad", "forward"):
-        kinds = ["boundedloop", "equinox", "scan"] + (
-            ["lax"] if mode == "forward" else []
-        )
-        mode_rows = {}
-        for kind in kinds:
-            row = dict(
-                part="compile",
-                mode=mode,
-                kind=kind,
-                n=COMPILE_N,
-                max_steps=COMPILE_MAX_STEPS,
-                checkpoints=CHECKPOINTS,
-                scan_length=COMPILE_N if kind == "scan" else None,
-                B=batch,
-                D=width,
-                repeats=repeats,
-            )
-            try:
-                row["warmup"] = _compile_once(kind, mode, w, x)
-                row["repetitions"] = []
-            except Exception as e:
-                row["error"] = _error("warm-up compile", e)
-            mode_rows[kind] = row
-            rows.append(row)
-        order = [k for k in kinds if "error" not in mode_rows[k]]
-        for rep in range(repeats):
-            rng.shuffle(order)
-            for kind in order:
-                row = mode_rows[kind]
-                if "error" in row:
-                    continue
-                try:
-                    figures = _compile_once(kind, mode, w, x)
-                except Exception as e:
-                    row["error"] = _error(f"repetition {rep}", e)
-                    continue
-                row["repetitions"].append(figures)
-                _print(dict(mode=mode, kind=kind, rep=rep, **figures))
-        for kind in kinds:
-            row = mode_rows[kind]
-            reps = row.get("repetitions")
-            if reps:
-                for key in ("trace_s", "lower_s", "xla_s"):
-                    row[key] = statistics.median(r[key] for r in reps)
-                for key in ("whiles", "hlo_lines"):
-                    values = sorted({r[key] for r in reps})
-                    row[key] = values[0] if len(values) == 1 else values
-            _print({k: v for k, v in row.items() if k not in ("repetitions", "warmup")})
-    return rows
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=512, help="B, rows of x")
     parser.add_argument("--width", type=int, default=4096, help="D, W is D x D")
     parser.add_argument("--rounds", type=int, default=3, help="timed gradient rounds")
-    parser.add_argument("--repeats", type=int, default=3, help="compiles per program")
-    parser.add_argument("--only", choices=["gradient", "compile", "all"], default="all")
     parser.add_argument("--out", default=None, help="results path (.json)")
     args = parser.parse_args()
     platform = jax.devices()[0].platform
@@ -298,43 +202,29 @@ def main():
         batch=args.batch,
         width=args.width,
         rounds=args.rounds,
-        repeats=args.repeats,
-        only=args.only,
         platform=platform,
         device_kind=jax.devices()[0].device_kind,
         jax=jax.__version__,
         xla_flags=os.environ.get("XLA_FLAGS", ""),
         pinned_host=has_pinned_host(),
-        gradient=[],
-        compile=[],
     )
     print(
         f"{platform}: {jax.devices()[0]}, B={args.batch}, D={args.width}, "
         f"pinned_host={results['pinned_host']}",
         flush=True,
     )
-    if args.only in ("gradient", "all"):
-        results["gradient"] = gradient_rows(args.batch, args.width, args.rounds)
-        write_results(out, **results)
-    if args.only in ("compile", "all"):
-        results["compile"] = compile_rows(args.batch, args.width, args.repeats)
-        write_results(out, **results)
+    results["gradient"] = gradient_rows(args.batch, args.width, args.rounds)
+    write_results(out, **results)
     print("wrote", out, flush=True)
 
 
-# --- the docs' tables (`benchmarks/tables.py` writes them) ---------------------
+# --- the docs' tables (`benchmarks/internal/tables.py` writes them) ---------------------
 
 HEADLINE_KINDS = {
     "scan": "`lax.scan`, every step stored",
     "scan_offload": "`lax.scan`, steps offloaded to host memory",
     "equinox": "equinox checkpointed",
     "boundedloop": "`bl.while_loop`",
-}
-COMPILE_KINDS = {
-    "boundedloop": "`bl.while_loop`",
-    "equinox": "equinox checkpointed",
-    "lax": "`lax.while_loop`",
-    "scan": "`lax.scan`",
 }
 
 
@@ -398,47 +288,6 @@ def headline_table(platform: str = "tpu") -> str:
         f"in {f['less_memory']:.1f} times less memory, and {f['over_offload']:.2f} "
         f"times the offloading scan's time with no host memory; at `n={f['small']}`, "
         f"{f['over_equinox_small']:.2f} times equinox's.",
-    )
-
-
-def compile_table(platform: str = "tpu") -> str:
-    """Trace, lower and XLA compile of the headline's programs, gradient and forward
-    only, with the while loops in the compiled program (performance page), from
-    `headline.py --only compile`."""
-    run = load(f"headline_compile_{platform}.json")
-    rows = index(run["compile"], "mode", "kind")
-    base = {"grad": "equinox", "forward": "lax"}  # the ratios are to its time
-    cells = []
-    for mode in ("grad", "forward"):
-        for kind, label in COMPILE_KINDS.items():
-            r = rows.get((mode, kind))
-            if r is None:
-                continue
-            each = [repetition["xla_s"] for repetition in r["repetitions"]]
-            cells.append(
-                [
-                    "gradient" if mode == "grad" else "forward",
-                    label
-                    + (f" ({r['scan_length']} steps)" if r["scan_length"] else ""),
-                    f"{r['xla_s']:.2f} s",
-                    f"{min(each):.2f} to {max(each):.2f} s",
-                    f"{r['xla_s'] / rows[(mode, base[mode])]['xla_s']:.2f}",
-                    f"{r['trace_s'] + r['lower_s']:.2f} s",
-                    r["whiles"],
-                    r["hlo_lines"],
-                ]
-            )
-    header = ["program", "loop", "XLA compile", "each repetition", "ratio"]
-    header += ["trace + lower", "while loops", "HLO lines"]
-    any_row = run["compile"][0]
-    return page(
-        f"On one {run['device_kind']} chip: the headline's program at "
-        f"`n={any_row['n']}`, `max_steps={any_row['max_steps']}`, "
-        f"{any_row['checkpoints']} checkpoints; medians of {run['repeats']} "
-        "alternating repetitions after a warm-up compile of each. Ratio: XLA compile "
-        "time over equinox's for the gradient, over `lax.while_loop`'s for the "
-        "forward pass.",
-        table(header, cells, left=2),
     )
 
 

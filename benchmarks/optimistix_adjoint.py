@@ -155,7 +155,7 @@ def main():
         write_results(args.out, rounds=args.rounds, compiles=args.compiles, **results)
 
 
-# --- the docs' tables (`benchmarks/tables.py` writes them) ---------------------
+# --- the docs' tables (`benchmarks/internal/tables.py` writes them) ---------------------
 
 
 def optimistix_adjoint_table() -> str:

@@ -7,7 +7,7 @@ tables.
 Reads `benchmarks/results/*.json` (written by `while_loop.py`, `recomputation.py`
 and `diffrax_adjoint.py`) and writes PNGs into `docs/images/`; then runs
 `tables.write_tables`, which writes every markdown table the docs include into
-`docs/generated/` (`python benchmarks/tables.py` does that alone). Given figure
+`docs/generated/` (`python benchmarks/internal/tables.py` does that alone). Given figure
 names (`gradient_time`, `recomputation`, `diffrax_adjoints`, `schedule`), it draws
 only those. Nothing is timed: every picture is drawn from the results files.
 """

@@ -113,7 +113,7 @@ def main():
     out.write_text(json.dumps(rows, indent=1))
 
 
-# --- the docs' tables (`benchmarks/tables.py` writes them) ---------------------
+# --- the docs' tables (`benchmarks/internal/tables.py` writes them) ---------------------
 
 STEPS = (10, 100, 1000, 10000, 100000)
 CHECKPOINTS = (2, 4, 8, 16, 32)

@@ -148,7 +148,7 @@ def main():
         write_results(args.out, rounds=args.rounds, xla_flags=xla_flags, **results)
 
 
-# --- the docs' table (`benchmarks/tables.py` writes it) ------------------------
+# --- the docs' table (`benchmarks/internal/tables.py` writes it) ------------------------
 
 
 def small_solves_table() -> str:

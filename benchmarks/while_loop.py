@@ -233,7 +233,7 @@ def main():
     )
 
 
-# --- the docs' tables (`benchmarks/tables.py` writes them) ---------------------
+# --- the docs' tables (`benchmarks/internal/tables.py` writes them) ---------------------
 
 # how `docs/why-boundedloop.md` names the loops
 WHY_LOOP_NAMES = {

@@ -33,7 +33,7 @@ import boundedloop as bl
 # off, 2.3e-3 of its array's largest, 0.064; `test_properties.py`, tuple-max23, 23
 # steps), beyond the 1e-4 floor of then. `lax.scan` on the same chip was off by the
 # same 1.5e-4 there, and by the same as ours in all 18 examples measured
-# (`benchmarks/results/one_loop_tpu_session46/precision_probe.txt`): the chip's
+# (`benchmarks/results/tpu_rounding_against_scan_47953b9.txt`): the chip's
 # rounding, not the loop's. A wrong answer (the miscompile on the docs page "Correct
 # on TPU") is off by 1e-1.
 ACCELERATOR_RTOL, ACCELERATOR_ATOL = 1e-3, 3e-4

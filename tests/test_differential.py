@@ -313,7 +313,7 @@ def test_shard_map_body_runs(inside, transform):
     """A body that runs a nested loop, a `jit`, a `cond`, a custom JVP, a
     `jax.checkpoint` or a `lax` loop on an array it closes over, or combines that
     array with a value it makes, inside `shard_map`, under each transform, against
-    the same steps unrolled on the host. Until session 35 the nested loop, the
+    the same steps unrolled on the host. Once, the nested loop, the
     custom JVP and the values made in the body failed, primal included, and the
     other loops and `jax.checkpoint` under `grad` and `hessian`: the body is traced
     with `W` the same on every device and replayed with it varying (see

@@ -1,4 +1,4 @@
-"""The docs' tables equal what `benchmarks/tables.py` writes from
+"""The docs' tables equal what `benchmarks/internal/tables.py` writes from
 `benchmarks/results/`, and each is shown on some page, so that a figure cannot drift
 from its results file (nor a table be edited by hand). Reads files only: nothing is
 timed or compiled."""
@@ -16,7 +16,7 @@ GENERATED = ROOT / "docs" / "generated"
 
 def _load_tables():
     spec = importlib.util.spec_from_file_location(
-        "benchmarks_tables", ROOT / "benchmarks" / "tables.py"
+        "benchmarks_tables", ROOT / "benchmarks" / "internal" / "tables.py"
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -40,8 +40,8 @@ def _pages():
 def test_generated_file_is_up_to_date(name):
     committed = (GENERATED / f"{name}.md").read_text()
     assert committed == tables.GENERATORS[name](), (
-        f"docs/generated/{name}.md differs from what benchmarks/tables.py writes "
-        "from benchmarks/results/: run `python benchmarks/tables.py` (and do not "
+        f"docs/generated/{name}.md differs from what benchmarks/internal/tables.py writes "
+        "from benchmarks/results/: run `python benchmarks/internal/tables.py` (and do not "
         "edit docs/generated/ by hand)"
     )
 
@@ -49,7 +49,7 @@ def test_generated_file_is_up_to_date(name):
 def test_every_generated_file_has_a_generator():
     on_disk = {p.stem for p in GENERATED.glob("*.md")}
     assert on_disk == set(tables.GENERATORS), (
-        "docs/generated/ and benchmarks/tables.GENERATORS differ: "
+        "docs/generated/ and benchmarks/internal/tables.GENERATORS differ: "
         f"{sorted(on_disk ^ set(tables.GENERATORS))}"
     )
 

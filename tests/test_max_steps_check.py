@@ -207,7 +207,7 @@ def test_loop_module_run():
 
 
 def test_a_second_copy_of_the_package_imports():
-    """`benchmarks/regression.py` imports two revisions side by side: each imports,
+    """`benchmarks/internal/regression.py` imports two revisions side by side: each imports,
     and each copy's switch governs its own loops."""
     import importlib.util
     import pathlib

@@ -108,7 +108,7 @@ def test_100000_step_gradient():
     structurally, by `test_structure.py` (the loop's body evaluations follow the
     schedule, with the table and with the in-loop rule) and `test_schedule.py` (the
     schedule's evaluations near the optimum up to 3 * 10**5 steps); the time is
-    measured by `benchmarks/long_loop.py`."""
+    measured in docs/design-notes.md (long loops)."""
     long_gradient.run(100_000, 100_000)
 
 

@@ -152,7 +152,7 @@ def test_online_placement_worst_ratio(slots):
 @pytest.mark.parametrize("slots", [4, 8, 16])
 def test_online_recomputation_within_three_percent_of_the_optimum(slots):
     # the recomputation alone (beyond the `2n` every gradient makes) against the
-    # optimum's, on the grid of issue 30 (`benchmarks/online_schedule.py`)
+    # optimum's, on the grid of issue 30 (docs/design-notes.md, long loops)
     for n in [100, 1000]:
         ours = placement_cost(forward_placement(n, slots), n, slots)
         optimum = placement_cost(offline_placement(n, slots), n, slots)

@@ -164,7 +164,7 @@ def _loop_jvp_partial_eval(trace, *tracers, spec):
         # the sweep on the known values, outside this trace: traced through it,
         # each of its loops would be partially evaluated (`lax.while_loop`'s rule
         # splits its body even when nothing is unknown; what that cost:
-        # `benchmarks/results/design_notes.md`)
+        # `docs/design-notes.md`)
         out, tangent = spec.passes.staged(known)
         with set_current_trace(trace):
             return [trace.new_const(x) for x in out] + tangent(list(tangents))

@@ -48,7 +48,7 @@ def buffer_checks(enabled: bool = True):
 
     Off by default: they cost one bool per buffer element and a few operations per
     reversed read and write, measured at 1.01 to 1.13 times a gradient on a CPU and
-    1.07 to 1.47 times on a TPU v5e (`benchmarks/buffer_checks.py`, shown in the
+    1.07 to 1.47 times on a TPU v5e (`benchmarks/internal/buffer_checks.py`, shown in the
     buffers guide). What can be decided while
     tracing is an error at trace time whatever this says: a write whose result is
     dropped, a write to a version of a buffer that was already written, a static

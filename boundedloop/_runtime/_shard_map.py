@@ -21,7 +21,7 @@ def varying_axes(x) -> frozenset:
     return frozenset(kind.varying)
 
 
-# `benchmarks/correct_on_tpu.py` turns this off to measure what the guard costs
+# `benchmarks/internal/correct_on_tpu.py` turns this off to measure what the guard costs
 HIDE_COUNTERS = True
 
 

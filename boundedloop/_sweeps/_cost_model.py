@@ -16,7 +16,7 @@ SMALL_BODY = 64
 LIGHT_WORK = 16
 # but not one whose step does at least this much work in all, however few its
 # equations: past it the nested loops' compile costs more than they save
-# (`benchmarks/results/thresholds.md`)
+# (`docs/design-notes.md`)
 HEAVY_WORK = 2**20
 
 
@@ -86,7 +86,7 @@ def shares_one_step(body, backend: str | None = None) -> bool:
 
 
 # XLA's CPU runtime runs a loop body's operations in order on the calling thread
-# when none touches more than this many bytes (`benchmarks/results/thresholds.md`)
+# when none touches more than this many bytes (`docs/design-notes.md`)
 IN_ORDER_BYTES = 512
 # the loop form of the recomputation's split is exact in int32 for segments up to
 # this long (`_recompute.split_rule`)

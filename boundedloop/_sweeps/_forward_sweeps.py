@@ -118,7 +118,7 @@ def _store_event(rule, t, x, stores: _Stores, going) -> _Stores:
         # a slot in use is counted once, after the loop: a second read of
         # `positions` here made XLA copy it at every store event, and the loop too
         # large for XLA's CPU backend to compile it into one kernel
-        # (`benchmarks/results/design_notes.md`)
+        # (`docs/design-notes.md`)
         positions=_checkpoint_store.set_where(positions, slot, t, when),
         rule=decision.state,
         stop=decision.stop,
@@ -174,7 +174,7 @@ def checkpointed_sweep(
 
     With a rule, a loop over store events, each followed by a tight loop of steps up
     to the next one, so that no step pays for a store it does not make (a store
-    writes every carry leaf; `benchmarks/results/design_notes.md`); without one
+    writes every carry leaf; `docs/design-notes.md`); without one
     (every step stored), one loop that stores each step.
 
     `perturbed`, optional, one bool per carry leaf, lets the storage pack floating

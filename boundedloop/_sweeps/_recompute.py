@@ -73,7 +73,7 @@ def split_rule(slots: int, max_steps: int | None, in_order: bool = False) -> Cal
         # the repetition number: the first r with C(k + r, k) >= length (clipped:
         # still valid): the row increases, so r counts its entries below `length`.
         # One vectorized compare, which adds no loop iterations (faster than the
-        # alternatives: `benchmarks/results/design_notes.md`).
+        # alternatives: `docs/design-notes.md`).
         r = jnp.sum(table[k] < length, dtype=jnp.int32)
         r = jnp.minimum(r, last)
         r1 = jnp.maximum(r - 1, 0)
@@ -90,7 +90,7 @@ def _all_splits(slots: int, max_length: int) -> np.ndarray:
     `1 <= k <= slots` (row 0 as row 1) and `l <= max_length`, found as its computed
     form finds it (the first `r` with `C(k + r, k) >= l`), in NumPy: vectorized over
     the lengths, which is much faster than calling `revolve_split` for each
-    (`benchmarks/results/design_notes.md`); the tests hold the two equal."""
+    (`docs/design-notes.md`); the tests hold the two equal."""
     lengths = np.arange(max_length + 1, dtype=np.int64)
     table = binomial_table(slots, max_length).astype(np.int64)
     rows = [np.maximum(lengths - 1, 0)] * 2  # no slot is as one: `l - 1`

@@ -116,7 +116,7 @@ def _reverse(sw: Sweep, state, i, pullback, active, then=None):
         # instead of copying the whole cotangent every step. Not without buffers (its
         # operands would take memory of their own), with small ones (a copy costs
         # less), or when the step reads a whole buffer (its update touches all of
-        # the cotangent anyway: `benchmarks/results/thresholds.md`).
+        # the cotangent anyway: `docs/design-notes.md`).
         unchanged = no_updates(sw.step, shapes, state.ct_bufs)
 
         def skip(ct, ct_body, operands):
@@ -178,7 +178,7 @@ def drive(sw: Sweep, d: Driver) -> Driver:
     iteration that does not store writes nothing). On the chip, with the restore
     under the switch, or under a `lax.cond` of its own, XLA kept a copy of the
     storage: 252 or 202 MB of temp memory and 240 or 199 ms for the headline's
-    gradient, against 146 ms this way (`benchmarks/results/one_loop_tpu.md`)."""
+    gradient, against 146 ms this way (`docs/design-notes.md`)."""
     state = d.state
     active = d.i < sw.tape.trips
     x_next, pullback = sw.step.forward_vjp(d.x, sw.tape.bufs, state.ct_bufs, active)
@@ -307,7 +307,7 @@ def _steps_left(state: ReverseState):
     XLA's trip-count analysis (jaxlib 0.10) takes a loop condition that reads one
     carried scalar for an induction variable, and then copies whatever computes that
     scalar in the body, nested loops and all, on each pass that asks (what that cost:
-    `benchmarks/results/design_notes.md`). A condition on two carried scalars has no
+    `docs/design-notes.md`). A condition on two carried scalars has no
     single induction variable, and is passed over."""
     return (state.end > 0) | (state.stack.depth < 0)
 

@@ -168,7 +168,7 @@ def online_stores(n: int, slots: int) -> list[tuple[int, int]]:
 
     Choices depend on `t` and `slots` only, so a longer loop's stores extend a
     shorter loop's. How close it comes to the hindsight optimum:
-    `benchmarks/results/design_notes.md`, `_sweeps/_schedule.py`.
+    `docs/design-notes.md`, `_sweeps/_schedule.py`.
     """
     # `x_0` in slot 0, even if the loop takes no step; then the free slots
     stores = [(t, t) for t in range(min(max(n, 1), slots))]

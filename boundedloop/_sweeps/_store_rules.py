@@ -55,7 +55,7 @@ class OnlineRule:
     next regime's bands are computed in a branch taken once a regime. All of it is
     exact int32 arithmetic (no float rounding, which differs between backends:
     a TPU divides otherwise than NumPy), so every backend places alike. At run time
-    they cost no more than a table lookup (`benchmarks/results/design_notes.md`).
+    they cost no more than a table lookup (`docs/design-notes.md`).
     """
 
     def __init__(self, slots: int):
@@ -143,7 +143,7 @@ def _merge(held, t, bands, grown):
     goal = grown[slots] - grown[slots - 1 : 0 : -1]  # increasing
     # a binary search unrolled (no loop), `slots * log2(slots)` comparisons: a
     # comparison of every pair would take `slots**2` of them, and memory
-    # (`benchmarks/results/design_notes.md`). Up to `COMPARE_ALL` slots every pair is
+    # (`docs/design-notes.md`). Up to `COMPARE_ALL` slots every pair is
     # compared: the search over one target (`slots = 2`) lowers to a one-step loop
     # from a known counter, which no loop of ours may have (`opaque_counters`)
     method = "compare_all" if slots <= COMPARE_ALL else "scan_unrolled"
@@ -197,7 +197,7 @@ class TableRule:
 
 
 # bounds up to this many steps replay a table (what listing it costs:
-# `benchmarks/results/design_notes.md`); longer and unbounded loops decide as they run
+# `docs/design-notes.md`); longer and unbounded loops decide as they run
 TABLE_STEPS = 16384
 
 
