@@ -163,31 +163,12 @@ def interleaved_medians(fns: dict, fn_args: dict, rounds: int) -> dict:
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
-def interleaved_compiles(lower, kinds: list, repeats: int) -> tuple[dict, dict]:
-    """`(seconds, compiled)`: `repeats` XLA compiles of each `lower(kind)` (a
-    `jax.stages.Lowered`, traced afresh after `clear_caches()`), every kind once a
-    repetition in a shuffled (seeded) order, after a warm-up repetition; the
-    seconds of each kind's compiles, and its last compiled program."""
-    seconds, compiled = {k: [] for k in kinds}, {}
-    order = list(kinds)
-    for r in range(repeats + 1):
-        random.Random(r).shuffle(order)
-        for kind in order:
-            clear_caches()
-            lowered = lower(kind)
-            t0 = time.perf_counter()
-            compiled[kind] = lowered.compile()
-            if r:  # the first repetition is a warm-up
-                seconds[kind].append(time.perf_counter() - t0)
-    return seconds, compiled
-
-
 EULER_DT = 0.01
 
 
 def euler_step(w, b, counter=None):
     """The cheap-step body of `cheap_steps.py`, `forward_mode.py` and
-    `long_loop.py`: `(x, i) -> (x + 0.01 tanh(W x + b), i + 1)`, calling `counter`
+    `distributed.py`: `(x, i) -> (x + 0.01 tanh(W x + b), i + 1)`, calling `counter`
     (an `EvalCounter`) each evaluation if given."""
 
     def body(carry):

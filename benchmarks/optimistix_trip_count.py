@@ -3,7 +3,7 @@ BFGS stops at another step, and the derivative of an unrolled solve follows it.
 
     python benchmarks/optimistix_trip_count.py
 
-The guide's solve (`optimistix_hessian_probe.py`: BFGS at rtol = atol = 1e-6,
+The guide's solve (BFGS at rtol = atol = 1e-6,
 `max_steps=64`), at `a = 1` and at the next float32 above it, on the default
 backend and on the host CPU: the number of steps BFGS takes, the solution, and
 the gradient and Hessian of the solution's sum with respect to `a` through
