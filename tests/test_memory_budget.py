@@ -66,15 +66,16 @@ ROW = _plan(10**6).tape_step_bytes
 BUDGETS = [
     CARRY,  # one copy, nothing taped
     3 * CARRY,
-    DEFAULT * CARRY + 7 * ROW + CARRY - 1,  # short of every step: checkpoints
+    DEFAULT * CARRY + 7 * ROW + CARRY - 1,  # short of every step: blocks
+    4 * CARRY + 4 * ROW,  # blocks of 2 steps, few checkpoints
     CARRY + MAX_STEPS * ROW,  # every step taped: a stored scan
     "1 MiB",
 ]
 
 
 def test_plan_splits_the_budget():
-    """Within the budget; everything taped when every step fits, otherwise all
-    checkpoints."""
+    """Within the budget; everything taped when every step fits; otherwise half of
+    it a tape of blocks, the rest checkpoints; all checkpoints below two rows."""
     for memory in BUDGETS:
         plan = _plan(memory)
         budget = 2**20 if memory == "1 MiB" else memory
@@ -86,9 +87,11 @@ def test_plan_splits_the_budget():
     stored = _plan(CARRY + MAX_STEPS * ROW)
     assert (stored.checkpoints, stored.tape_steps) == (1, MAX_STEPS)
     assert _plan(3 * CARRY).tape_steps == 0
-    short = _plan(DEFAULT * CARRY + 7 * ROW + CARRY - 1)
-    assert short.tape_steps == 0
-    assert short.checkpoints == (DEFAULT * CARRY + 7 * ROW + CARRY - 1) // CARRY
+    memory = DEFAULT * CARRY + 7 * ROW + CARRY - 1
+    short = _plan(memory)
+    assert short.tape_steps == (memory // 2) // ROW
+    assert short.checkpoints == (memory - short.tape_steps * ROW) // CARRY
+    assert _plan(CARRY + ROW).tape_steps == 0  # below two rows
     assert _plan(CARRY).checkpoint_bytes == CARRY
 
 
@@ -103,11 +106,13 @@ def test_gradient_and_evaluations_match_the_plan(memory, n):
     jax.grad(_loss, (0, 1))(W0, X0, n, lambda: count.append(1), memory=memory)
     plan = _plan(memory, n)
     assert len(count) == plan.body_evaluations(n)
-    if plan.tape_steps >= n:
+    if plan.tape_steps == MAX_STEPS:
         assert len(count) == n  # a stored scan: no step evaluated twice
+    elif plan.tape_steps:
+        assert len(count) >= 2 * n  # each block recomputed once, then taped
 
 
-@pytest.mark.parametrize("memory", [3 * CARRY, "1 MiB"])
+@pytest.mark.parametrize("memory", [3 * CARRY, 4 * CARRY + 4 * ROW, "1 MiB"])
 def test_transforms_compose_with_a_budget(memory):
     """vmap over the trip count, `jax.hessian`, `grad` of `grad`, `grad` of `jvp`
     and `jacfwd` through a taped loop equal them through `lax.scan`. (`grad` of
@@ -195,7 +200,7 @@ def test_buffers_with_a_budget():
             ys = ys.at[:n].set(jnp.stack(rows))
         return jnp.sum(jnp.sin(ys))
 
-    for memory in [3 * CARRY, "1 MiB"]:
+    for memory in [3 * CARRY, 6 * CARRY + 8 * ROW, "1 MiB"]:
         for n in [0, 5, MAX_STEPS]:
             got = jax.grad(loss)(W0, n, memory)
             assert tree_allclose(got, on_host(jax.grad(unrolled))(W0, n), rtol=1e-4)

@@ -28,8 +28,10 @@ class MemoryPlan:
     """What a `memory=` budget buys for one loop's gradient (`bl.memory_plan`).
 
     - `checkpoints`: the copies of the carry the backward pass holds.
-    - `tape_steps`: the last steps whose residuals are taped: reversed without
-        being evaluated again.
+    - `tape_steps`: the rows of the tape of step residuals. When they are
+        `max_steps`, the forward sweep tapes every step and none is evaluated
+        again (a stored scan); otherwise the reverse sweep reverses blocks of
+        this many steps, each recomputed once while taped.
     - `checkpoint_bytes`: the bytes of one copy of the carry.
     - `tape_step_bytes`: the bytes of one taped step's residuals.
     - `bytes`: all of it, `checkpoints * checkpoint_bytes + tape_steps *
@@ -54,11 +56,11 @@ class MemoryPlan:
         """The body evaluations of one gradient of the loop when it takes `steps`
         steps: each step forward once, the untaped ones once more for their
         vector-Jacobian product, and the recomputation from the checkpoints."""
-        taped = min(self.tape_steps, steps)
+        every = self.max_steps is not None and self.tape_steps >= self.max_steps
         count = gradient_evaluations(
-            steps, self.checkpoints, self.tape_steps, self.known_length
+            steps, self.checkpoints, self.tape_steps, self.known_length, every
         )
-        return count + int(self.evaluates_shared_residuals and taped > 0)
+        return count + int(self.evaluates_shared_residuals and steps > 0)
 
 
 def memory_plan(

@@ -276,14 +276,12 @@ def reverse_segment(sw: Sweep, state: ReverseState) -> ReverseState:
     return state
 
 
-def reverse_taped(sw: Sweep, state: ReverseState, steps: int) -> ReverseState:
-    """The last `steps` steps (all, if fewer were taken) reversed from the tape
-    (`_tape`), last first, none evaluated; then the checkpoints the forward sweep
-    stored among them leave the stack, and the sweep goes on from below them."""
+def reverse_taped(sw: Sweep, state: ReverseState) -> ReverseState:
+    """Every step reversed from the forward sweep's tape (`_tape`), last first,
+    none evaluated: the gradient of a stored scan."""
     x0 = _checkpoint_store.load(state.stack.storage, sw.order[0])
     taped = _tape.TapedStep(sw.step, x0, sw.tape.bufs)
     invariants = taped.invariants()
-    stop = jnp.maximum(sw.tape.length - steps, 0)
 
     def reverse_one(state: ReverseState) -> ReverseState:
         i = state.end - 1
@@ -292,12 +290,57 @@ def reverse_taped(sw: Sweep, state: ReverseState, steps: int) -> ReverseState:
         pullback = taped.pullback(row, invariants, state.ct_bufs, active)
         return _reverse(sw, state, i, pullback, active)
 
-    # (two carried scalars in the condition, as in `_steps_left`)
-    state = varying_while_loop(
-        lambda s: (s.end > stop) | (s.stack.depth < 0), reverse_one, state
-    )
-    depth = jnp.sum(sw.sorted < state.end, dtype=jnp.int32)
-    return state._replace(stack=state.stack._replace(depth=depth))
+    return varying_while_loop(_steps_left, reverse_one, state)
+
+
+def reverse_blocks(sw: Sweep, state: ReverseState, steps: int) -> ReverseState:
+    """The whole reverse sweep in blocks of up to `steps` steps, last first. For
+    each: recompute from the top checkpoint to the block's first input (storing
+    where the binomial schedule says, as for a single step), recompute the block
+    once more taping each step's residuals (`_tape`), and reverse it from the
+    tape. Each step is evaluated twice after the forward sweep, plus the
+    schedule's advance to each block."""
+    x0 = _checkpoint_store.load(state.stack.storage, sw.order[0])
+    taped = _tape.TapedStep(sw.step, x0, sw.tape.bufs)
+    invariants = taped.invariants()
+
+    def block(carry):
+        state, tape = carry
+        top = jnp.maximum(state.stack.depth - 1, 0)
+        start = jnp.maximum(state.end - steps, state.stack.order_pos[top])
+        at = recompute(sw, start + 1, state.stack)  # `x_start`, from the top
+
+        def tape_one(c):
+            j, x, tape = c
+            active = j < sw.tape.trips
+            new_x, _, row = taped.forward(x, sw.tape.bufs, active)
+            x = select_if_batched(active, new_x, x)
+            return j + 1, x, _tape.write(tape, j - start, row)
+
+        _, _, tape = varying_while_loop(
+            lambda c: c[0] < state.end, tape_one, (start, at.x, tape)
+        )
+
+        def reverse_one(state: ReverseState) -> ReverseState:
+            i = state.end - 1
+            active = i < sw.tape.trips
+            row = _tape.read(tape, i - start)
+            pullback = taped.pullback(row, invariants, state.ct_bufs, active)
+            return _reverse(sw, state, i, pullback, active)
+
+        state = varying_while_loop(
+            lambda s: (s.end > start) | (s.stack.depth < 0),
+            reverse_one,
+            state._replace(stack=at.stack),
+        )
+        # drop the top checkpoint once its segment is done
+        depth, order_pos, storage = state.stack
+        top = jnp.maximum(depth - 1, 0)
+        depth = depth - (state.end == order_pos[top]).astype(jnp.int32)
+        return state._replace(stack=Stack(depth, order_pos, storage)), tape
+
+    carry = (state, taped.empty(steps))
+    return varying_while_loop(lambda c: _steps_left(c[0]), block, carry)[0]
 
 
 def _steps_left(state: ReverseState):
@@ -352,10 +395,14 @@ def reverse_sweep(
         step.zero_ct_body(),
         _buffer_checks.reverse_initial(step, tape.bufs, config.buffer_check),
     )
-    if tape.tape is not None and tape.tape.key == step.key:
-        state = reverse_taped(sweep, state, config.tape_steps)
     meter = _progress.start(config.max_steps, reverse=True)  # None unless metered
-    if sweep.one_loop and not sweep.every_step_stored:
+    # (a tape made by a step that differentiates other leaves, as the first-order
+    # sweep's under `grad` of `grad`, holds other residuals: not read here)
+    if tape.tape is not None and tape.tape.key == step.key:
+        state = reverse_taped(sweep, state)
+    elif config.tape_steps and not config.tapes_every_step:
+        state = reverse_blocks(sweep, state, config.tape_steps)
+    elif sweep.one_loop and not sweep.every_step_stored:
         state = reverse_driven(sweep, state, meter, tape.length)
     else:
         reverse = reverse_stored if sweep.every_step_stored else reverse_segment

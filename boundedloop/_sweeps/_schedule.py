@@ -227,27 +227,57 @@ def _revolve_cost(length: int, slots: int) -> int:
     return r * length - math.comb(slots + r, r - 1)
 
 
-def gradient_evaluations(
-    n: int, slots: int, tape_steps: int = 0, known_length: bool = False
-) -> int:
-    """Body evaluations in one gradient of an `n`-step loop with `slots` slots whose
-    last `tape_steps` steps are taped: `n` forward; each step below the tape once
-    more for its vector-Jacobian product, plus the recomputation from the
-    checkpoints the forward sweep stored below the tape (`online_stores`, or
-    `offline_placement` for a loop of known length)."""
-    rest = max(n - tape_steps, 0)
-    if rest == 0:
-        return n
+def _block_advances(positions, n: int, slots: int, steps: int) -> int:
+    """The forward steps the reverse sweep's advances make when it reverses `n`
+    steps in blocks of up to `steps` (`_reverse_sweep.reverse_blocks`): from the top
+    checkpoint to each block's start, storing where `revolve_split` says."""
+    stack, end, count = sorted(positions), n, 0
+    while end > 0:
+        start = max(end - steps, stack[-1])
+        i = stack[-1]
+        while i < start:  # `recompute` to `start`, as for reversing step `start`
+            split = revolve_split(start + 1 - i, slots - (len(stack) - 1))
+            target = min(i + max(split, 1), start)
+            count += target - i
+            i = target
+            if i < start:
+                stack.append(i)
+        end = start
+        if stack[-1] == end:
+            stack.pop()
+    return count
+
+
+def _placement(n: int, slots: int, known_length: bool) -> list[int]:
+    """The positions the forward sweep of an `n`-step loop leaves stored."""
     if known_length:
-        positions = offline_placement(n, slots)
-    else:
-        held = {}
-        for t, slot in online_stores(n, slots):
-            held[slot] = t
-        positions = sorted(held.values())
-    bounds = [p for p in positions if p < rest] + [rest]
+        return offline_placement(n, slots)
+    held = {}
+    for t, slot in online_stores(n, slots):
+        held[slot] = t
+    return sorted(held.values())
+
+
+def gradient_evaluations(
+    n: int,
+    slots: int,
+    tape_steps: int = 0,
+    known_length: bool = False,
+    every_step_taped: bool = False,
+) -> int:
+    """Body evaluations in one gradient of an `n`-step loop with `slots` slots and a
+    tape of `tape_steps` rows: `n` forward; with every step taped, nothing more;
+    with a tape of blocks, each step once more to tape it and the advances to each
+    block (`_block_advances`); without a tape, each step once more for its
+    vector-Jacobian product plus the recomputation from the checkpoints."""
+    if n == 0 or every_step_taped:
+        return n
+    positions = _placement(n, slots, known_length)
+    if tape_steps:
+        return 2 * n + _block_advances(positions, n, slots, tape_steps)
+    bounds = positions + [n]
     extra = sum(
         _revolve_cost(bounds[j + 1] - bounds[j], slots - j)
         for j in range(len(bounds) - 1)
     )
-    return n + rest + extra
+    return 2 * n + extra

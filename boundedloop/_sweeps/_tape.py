@@ -148,18 +148,30 @@ def plan(
     """`(checkpoints, tape_steps)` for a budget of `memory` bytes, where a copy of
     the carry takes `carry_bytes` and a step's row of the tape `row_bytes`.
 
-    Every step is taped when `max_steps` rows and one carry copy fit: the gradient
-    is then a stored scan (no step evaluated twice). Otherwise the budget is all
-    checkpoints: a tape of only the last steps made the chip's headline gradient
-    slower than checkpoints alone (0.5 GB: 204 ms against 146 ms at 16
-    checkpoints; `benchmarks/results/memory_curve_tpu.json`), a cost not yet
-    profiled. `memory` must hold one copy of the carry (the caller checks)."""
-    copies = max(1, memory // max(carry_bytes, 1))
+    - Every step is taped by the forward sweep when `max_steps` rows and one carry
+      copy fit: the gradient is then a stored scan (no step evaluated twice).
+    - Otherwise half the budget is a tape of blocks for the reverse sweep
+      (`_reverse_sweep.reverse_blocks`) and the rest checkpoints: checkpoints about
+      a block apart leave each block one recomputation, as a scan of checkpointed
+      scans does. A tape of fewer than 2 rows is not worth its loop: then the
+      budget is all checkpoints.
+
+    `memory` must hold one copy of the carry (the caller checks)."""
+    carry_bytes = max(carry_bytes, 1)
+
+    def capped(c):
+        return max(1, c if max_steps is None else min(c, max(max_steps, 1)))
+
+    if max_steps is not None and carry_bytes + max_steps * row_bytes <= memory:
+        return 1, max_steps
+    if row_bytes == 0:
+        return capped(memory // carry_bytes), 0
+    rows = min(memory // 2, memory - carry_bytes) // row_bytes
     if max_steps is not None:
-        copies = min(copies, max(max_steps, 1))
-        if carry_bytes + max_steps * row_bytes <= memory:
-            return 1, max_steps
-    return copies, 0
+        rows = min(rows, max_steps)
+    if rows < 2:
+        return capped(memory // carry_bytes), 0
+    return capped((memory - rows * row_bytes) // carry_bytes), rows
 
 
 def carry_bytes(body, x) -> int:

@@ -114,6 +114,13 @@ class LoopConfig(eqx.Module):
     buffer_check: str | None = eqx.field(static=True, default=None)
     # `memory=`'s budget in bytes, or None: `checkpoints` alone, nothing taped
     memory: int | None = eqx.field(static=True, default=None)
-    # the steps whose residuals the gradient's forward sweep tapes (`_sweeps._tape`),
-    # planned from `memory` once the step's residuals are known
+    # the rows of the tape of step residuals (`_sweeps._tape`), planned from `memory`
+    # once the step's residuals are known
     tape_steps: int = eqx.field(static=True, default=0)
+
+    @property
+    def tapes_every_step(self) -> bool:
+        """Whether the gradient's forward sweep tapes every step (the gradient is a
+        stored scan); otherwise the tape's rows serve the reverse sweep's blocks."""
+        bounded = self.max_steps is not None
+        return self.tape_steps > 0 and bounded and self.tape_steps >= self.max_steps
