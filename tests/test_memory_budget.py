@@ -74,8 +74,9 @@ BUDGETS = [
 
 
 def test_plan_splits_the_budget():
-    """Within the budget; everything taped when every step fits; otherwise half of
-    it a tape of blocks, the rest checkpoints; all checkpoints below two rows."""
+    """Within the budget; everything taped when every step fits; otherwise the
+    fewest checkpoints whose blocks cover `max_steps` (the rest of the budget as
+    tape rows), else half of it a tape of blocks; all checkpoints below two rows."""
     for memory in BUDGETS:
         plan = _plan(memory)
         budget = 2**20 if memory == "1 MiB" else memory
@@ -89,8 +90,12 @@ def test_plan_splits_the_budget():
     assert _plan(3 * CARRY).tape_steps == 0
     memory = DEFAULT * CARRY + 7 * ROW + CARRY - 1
     short = _plan(memory)
-    assert short.tape_steps == (memory // 2) // ROW
-    assert short.checkpoints == (memory - short.tape_steps * ROW) // CARRY
+    c, rows = short.checkpoints, short.tape_steps
+    assert c * rows >= MAX_STEPS  # blocks a checkpoint apart cover the loop
+    assert (c - 1) * CARRY + -(-MAX_STEPS // (c - 1)) * ROW > memory  # fewest
+    assert rows == (memory - c * CARRY) // ROW
+    uncovered = 4 * CARRY + 4 * ROW
+    assert _plan(uncovered).tape_steps == (uncovered // 2) // ROW
     assert _plan(CARRY + ROW).tape_steps == 0  # below two rows
     assert _plan(CARRY).checkpoint_bytes == CARRY
 

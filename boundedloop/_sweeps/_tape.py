@@ -150,11 +150,16 @@ def plan(
 
     - Every step is taped by the forward sweep when `max_steps` rows and one carry
       copy fit: the gradient is then a stored scan (no step evaluated twice).
-    - Otherwise half the budget is a tape of blocks for the reverse sweep
-      (`_reverse_sweep.reverse_blocks`) and the rest checkpoints: checkpoints about
-      a block apart leave each block one recomputation, as a scan of checkpointed
-      scans does. A tape of fewer than 2 rows is not worth its loop: then the
-      budget is all checkpoints.
+    - Otherwise the reverse sweep reverses blocks of `tape_steps` steps
+      (`_reverse_sweep.reverse_blocks`). Checkpoints a block apart leave each block
+      one recomputation, as a scan of checkpointed scans does, so the fewest
+      checkpoints `c` whose blocks of `ceil(max_steps / c)` steps fit beside them:
+      more cost a store event each in the forward sweep (on a TPU v5e, 321
+      checkpoints for 256 steps made the headline gradient 154 ms against 121 ms
+      at 77; `benchmarks/results/memory_curve_tpu_blocks.json`).
+    - Where no such split fits (or the loop is unbounded), half the budget is the
+      block tape and half checkpoints: the split whose blocks cover the most steps.
+    - A tape of fewer than 2 rows is not worth its loop: then all checkpoints.
 
     `memory` must hold one copy of the carry (the caller checks)."""
     carry_bytes = max(carry_bytes, 1)
@@ -166,6 +171,16 @@ def plan(
         return 1, max_steps
     if row_bytes == 0:
         return capped(memory // carry_bytes), 0
+    if max_steps is not None:
+        c = 1
+        # (a bounded search: past 2**12 copies, the half-and-half split below)
+        while c * carry_bytes <= memory and c <= min(max_steps, 2**12):
+            rows = -(-max_steps // c)
+            if rows >= 2 and c * carry_bytes + rows * row_bytes <= memory:
+                # the budget left after the checkpoints, as rows
+                rows = min((memory - c * carry_bytes) // row_bytes, max_steps)
+                return c, rows
+            c += 1
     rows = min(memory // 2, memory - carry_bytes) // row_bytes
     if max_steps is not None:
         rows = min(rows, max_steps)
