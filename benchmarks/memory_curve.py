@@ -6,10 +6,14 @@ static (`ckscanK`: an outer `lax.scan` of `n // K` inner scans of `K` steps unde
 `jax.checkpoint`) and equinox's checkpointed loop. One process; compiled first, then
 timed interleaved (median of the rounds). Public API only.
 
-    python benchmarks/memory_curve.py [--small] [--out FILE]
+    python benchmarks/memory_curve.py [--small] [--long] [--out FILE]
+    python benchmarks/memory_curve.py --cheap [--out FILE]
 
 `--small` (B=64, D=256) runs anywhere; the published curve is the chip's
-(`benchmarks/results/memory_curve_tpu.json`)."""
+(`benchmarks/results/memory_curve_tpu_2df5c68.json`). `--cheap` is the CPU's small
+body instead (`x + tanh(W x + b) / n`, width 32, n=1000 of `max_steps` 4000), with
+budgets of the scan of checkpointed scans' temp memory and of every step taped
+(`benchmarks/results/memory_curve_cpu_cheap.json`)."""
 
 import argparse
 import json
@@ -23,16 +27,24 @@ import jax.numpy as jnp
 import boundedloop as bl
 
 
-def make(kind, n, max_steps, W, **kw):
+def _headline_step(W, y):
+    return jnp.tanh(y @ W)
+
+
+def _cheap_step(W, y):
+    return y + jnp.tanh(W @ y + 0.1) / 1000
+
+
+def make(kind, n, max_steps, W, f=_headline_step, **kw):
     def loss(W, x, n_dyn):
         def body(c):
-            return c[0] + 1, jnp.tanh(c[1] @ W)
+            return c[0] + 1, f(W, c[1])
 
         def cond(c):
             return c[0] < n_dyn
 
         def step(y, _):
-            return jnp.tanh(y @ W), None
+            return f(W, y), None
 
         if kind == "bl":
             _, y = bl.while_loop(cond, body, (0, x), max_steps=max_steps, **kw)
@@ -51,12 +63,12 @@ def make(kind, n, max_steps, W, **kw):
     return jax.jit(jax.grad(loss))
 
 
-def case(rows, n, max_steps, variants, rounds, W, x):
+def case(rows, n, max_steps, variants, rounds, W, x, f=_headline_step):
     compiled = {}
     for label, kind, kw in variants:
         start = time.perf_counter()
         try:
-            c = make(kind, n, max_steps, W, **kw).lower(W, x, n).compile()
+            c = make(kind, n, max_steps, W, f, **kw).lower(W, x, n).compile()
             jax.block_until_ready(c(W, x, n))
         except Exception as e:  # noqa: BLE001 (a variant that does not fit)
             rows.append(
@@ -86,7 +98,10 @@ def main():
     parser.add_argument("--small", action="store_true")
     parser.add_argument("--out", default=None)
     parser.add_argument("--long", action="store_true", help="also n=2048 of 4096")
+    parser.add_argument("--cheap", action="store_true", help="the CPU's small body")
     args = parser.parse_args()
+    if args.cheap:
+        return cheap(args.out)
     B, D = (64, 256) if args.small else (512, 4096)
     scale = (B * D) / (512 * 4096)  # budgets scale with the carry
     W = jax.random.normal(jax.random.key(0), (D, D), jnp.float32) / jnp.sqrt(D)
@@ -112,6 +127,32 @@ def main():
     if args.out:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
+
+
+def cheap(out_file):
+    """The small body on a CPU, against the stored scan, in 7 interleaved rounds."""
+    D, n, max_steps = 32, 1000, 4000
+    W = jax.random.normal(jax.random.key(0), (D, D), jnp.float32) / 6
+    x = jnp.ones(D, jnp.float32)
+    rows = []
+    ckscan = make("ckscan40", n, max_steps, W, _cheap_step).lower(W, x, n).compile()
+    ckscan_temp = ckscan.memory_analysis().temp_size_in_bytes
+    everything = 10**9  # every step of max_steps fits: a stored scan
+    variants = [
+        ("scan", "scan", {}),
+        ("ckscan40", "ckscan40", {}),
+        ("checkpoints=16", "bl", dict(checkpoints=16)),
+        ("checkpoints=40", "bl", dict(checkpoints=40)),
+        (f"memory={ckscan_temp} B (ckscan40's)", "bl", dict(memory=ckscan_temp)),
+        ("memory=1 GB (every step taped)", "bl", dict(memory=everything)),
+    ]
+    case(rows, n, max_steps, variants, 7, W, x, _cheap_step)
+    scan = next(r["grad_s"] for r in rows if r["variant"] == "scan")
+    for r in rows:
+        print(f"{r['variant']:40s} {r['grad_s'] / scan:5.2f}x  {r['temp_bytes']:>9d} B")
+    if out_file:
+        with open(out_file, "w") as f:
+            json.dump(dict(D=D, n=n, max_steps=max_steps, rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":
