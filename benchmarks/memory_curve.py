@@ -93,6 +93,45 @@ def case(rows, n, max_steps, variants, rounds, W, x, f=_headline_step):
         print(row, flush=True)
 
 
+RESULTS = {
+    "tpu": "memory_curve_tpu_2df5c68.json",
+    "cpu": "memory_curve_cpu_cheap.json",
+}
+
+
+def memory_curve_table(which: str) -> str:
+    """The curve as the docs show it: per trip count, each variant's gradient time,
+    its ratio to the stored scan's (where that fits), compiled temp memory and
+    compile time (with the first run)."""
+    from _format import load, nbytes, page, seconds, table
+
+    results = load(RESULTS[which])
+    rows = results["rows"]
+    lines = []
+    for n in sorted({r["n"] for r in rows}):
+        here = [r for r in rows if r["n"] == n and "error" not in r]
+        scan = next((r["grad_s"] for r in here if r["variant"] == "scan"), None)
+        body = [
+            [
+                f"`{r['variant']}`",
+                seconds(r["grad_s"]),
+                "-" if scan is None else f"{r['grad_s'] / scan:.2f}",
+                nbytes(r["temp_bytes"]),
+                seconds(r["compile_s"]),
+            ]
+            for r in here
+        ]
+        header = [
+            f"n={n} of {here[0]['max_steps']}",
+            "gradient",
+            "x `lax.scan`",
+            "temp memory",
+            "compile",
+        ]
+        lines.append(table(header, body))
+    return page(*lines)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--small", action="store_true")
