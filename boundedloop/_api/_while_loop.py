@@ -142,6 +142,18 @@ def while_loop(
     )
 
 
+def _check_callables(cond_fun, body_fun, buffers, name: str):
+    """A clear error where a function argument is not callable."""
+    for arg, fn in [("cond_fun", cond_fun), ("body_fun", body_fun)]:
+        if not callable(fn):
+            raise TypeError(f"`{name}` needs `{arg}` to be callable, got {fn!r}.")
+    if buffers is not None and not callable(buffers):
+        raise TypeError(
+            f"`{name}` needs `buffers` to be a function `carry -> node(s)`, got "
+            f"{buffers!r}."
+        )
+
+
 def run_loop(
     cond_fun,
     body_fun,
@@ -159,17 +171,10 @@ def run_loop(
 
     With `stats`, returns `(final carry, LoopStats)`: the loop runs on a `Counted`
     carry (see `_stats`) that the user's functions never see."""
-    for arg, fn in [("cond_fun", cond_fun), ("body_fun", body_fun)]:
-        if not callable(fn):
-            raise TypeError(f"`{name}` needs `{arg}` to be callable, got {fn!r}.")
+    _check_callables(cond_fun, body_fun, buffers, name)
     max_steps = check_max_steps(max_steps, name)
     memory = check_memory(memory, checkpoints, name)
     checkpoints = check_checkpoints(checkpoints, max_steps, name)
-    if buffers is not None and not callable(buffers):
-        raise TypeError(
-            f"`{name}` needs `buffers` to be a function `carry -> node(s)`, got "
-            f"{buffers!r}."
-        )
     if stats:  # a step counter next to the user's carry
         cond_fun, body_fun, init_val, buffers = count_steps(
             cond_fun, body_fun, init_val, buffers, name
