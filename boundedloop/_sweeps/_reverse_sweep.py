@@ -276,20 +276,33 @@ def reverse_segment(sw: Sweep, state: ReverseState) -> ReverseState:
     return state
 
 
-def reverse_taped(sw: Sweep, state: ReverseState) -> ReverseState:
-    """Every step reversed from the forward sweep's tape (`_tape`), last first,
-    none evaluated: the gradient of a stored scan."""
-    x0 = _checkpoint_store.load(state.stack.storage, sw.order[0])
-    taped = _tape.TapedStep(sw.step, x0, sw.tape.bufs)
-    invariants = taped.invariants()
+def _reversing_from(sw: Sweep, taped, tape, first):
+    """One iteration of a loop that reverses taped steps: step `end - 1`, from its
+    row of `tape` (which holds step `first` in row 0). `taped` is the
+    `(TapedStep, invariants)` pair."""
+    step, invariants = taped
 
     def reverse_one(state: ReverseState) -> ReverseState:
         i = state.end - 1
         active = i < sw.tape.trips
-        row = _tape.read(sw.tape.tape, i)
-        pullback = taped.pullback(row, invariants, state.ct_bufs, active)
+        row = _tape.read(tape, i - first)
+        pullback = step.pullback(row, invariants, state.ct_bufs, active)
         return _reverse(sw, state, i, pullback, active)
 
+    return reverse_one
+
+
+def _taped_step(sw: Sweep, state: ReverseState):
+    """`(TapedStep, invariants)` for this sweep's step (shapes from `x_0`)."""
+    x0 = _checkpoint_store.load(state.stack.storage, sw.order[0])
+    taped = _tape.TapedStep(sw.step, x0, sw.tape.bufs)
+    return taped, taped.invariants()
+
+
+def reverse_taped(sw: Sweep, state: ReverseState) -> ReverseState:
+    """Every step reversed from the forward sweep's tape (`_tape`), last first,
+    none evaluated: the gradient of a stored scan."""
+    reverse_one = _reversing_from(sw, _taped_step(sw, state), sw.tape.tape, 0)
     return varying_while_loop(_steps_left, reverse_one, state)
 
 
@@ -300,9 +313,7 @@ def reverse_blocks(sw: Sweep, state: ReverseState, steps: int) -> ReverseState:
     once more taping each step's residuals (`_tape`), and reverse it from the
     tape. Each step is evaluated twice after the forward sweep, plus the
     schedule's advance to each block."""
-    x0 = _checkpoint_store.load(state.stack.storage, sw.order[0])
-    taped = _tape.TapedStep(sw.step, x0, sw.tape.bufs)
-    invariants = taped.invariants()
+    taped = _taped_step(sw, state)
 
     def block(carry):
         state, tape = carry
@@ -313,7 +324,7 @@ def reverse_blocks(sw: Sweep, state: ReverseState, steps: int) -> ReverseState:
         def tape_one(c):
             j, x, tape = c
             active = j < sw.tape.trips
-            new_x, _, row = taped.forward(x, sw.tape.bufs, active)
+            new_x, _, row = taped[0].forward(x, sw.tape.bufs, active)
             x = select_if_batched(active, new_x, x)
             return j + 1, x, _tape.write(tape, j - start, row)
 
@@ -321,16 +332,9 @@ def reverse_blocks(sw: Sweep, state: ReverseState, steps: int) -> ReverseState:
             lambda c: c[0] < state.end, tape_one, (start, at.x, tape)
         )
 
-        def reverse_one(state: ReverseState) -> ReverseState:
-            i = state.end - 1
-            active = i < sw.tape.trips
-            row = _tape.read(tape, i - start)
-            pullback = taped.pullback(row, invariants, state.ct_bufs, active)
-            return _reverse(sw, state, i, pullback, active)
-
         state = varying_while_loop(
             lambda s: (s.end > start) | (s.stack.depth < 0),
-            reverse_one,
+            _reversing_from(sw, taped, tape, start),
             state._replace(stack=at.stack),
         )
         # drop the top checkpoint once its segment is done
@@ -339,7 +343,7 @@ def reverse_blocks(sw: Sweep, state: ReverseState, steps: int) -> ReverseState:
         depth = depth - (state.end == order_pos[top]).astype(jnp.int32)
         return state._replace(stack=Stack(depth, order_pos, storage)), tape
 
-    carry = (state, taped.empty(steps))
+    carry = (state, taped[0].empty(steps))
     return varying_while_loop(lambda c: _steps_left(c[0]), block, carry)[0]
 
 

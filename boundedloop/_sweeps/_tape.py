@@ -1,13 +1,15 @@
-"""The tape: what a step's vector-Jacobian product reads (its residuals), kept for
-the last steps of the checkpointed forward sweep, so that the reverse sweep reverses
-them without evaluating the step again.
+"""The tape: what a step's vector-Jacobian product reads (its residuals), kept so
+that the reverse sweep reverses steps without evaluating them again; and how a
+`memory=` budget is split between it and the checkpoints (`plan`).
 
 A step's residuals (`ReversibleStep.linearize`) split in two. Those that depend on
-the carry or the buffers change from step to step: the forward sweep writes them
-into a ring of `tape_steps` rows (step `t` in row `t % tape_steps`). The others
-(the body's parameters, or values computed from them alone) are the same at every
-step: they are found once, where the reverse sweep starts, never taped. Which is
-which is read off the traced linearization (`_varying_outputs`).
+the carry or the buffers change from step to step: they go into a tape of
+`tape_steps` rows (step `t` in row `t % tape_steps`), written by the forward sweep
+when it tapes every step, or by the reverse sweep for each block it recomputes
+(`_reverse_sweep.reverse_blocks`). The others (the body's parameters, or values
+computed from them alone) are the same at every step: they are found once, where
+the reverse sweep starts, never taped. Which is which is read off the traced
+linearization (`_varying_outputs`).
 """
 
 import dataclasses
