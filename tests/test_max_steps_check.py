@@ -281,6 +281,9 @@ def test_warns_when_max_steps_is_reached(n):
         out = jax.block_until_ready(compiled("forward", "warn")(X, jnp.array(n)))
     assert len(record) == 1
     assert "Raise `max_steps`" in str(record[0].message)
+    # traced, the warning points at the line that called the loop (in `loop` here),
+    # not into JAX's callback machinery
+    assert record[0].filename == __file__
     assert tree_allclose(out, compiled("forward", False)(X, jnp.array(n)))
     # eagerly, the warning points at the caller's line
     with bl.max_steps_check(warn=True):

@@ -272,9 +272,10 @@ def warn_if(tree, flag, msg: str):
             warnings.warn(msg, UserWarning, stacklevel=caller_level())
         return tree
     flag = any_across_batch(flag)  # unbatched: one callback for the batch
+    where = _caller()  # the user's line, found now: the callback runs inside JAX
 
     def fire():
-        jax.debug.callback(functools.partial(warnings.warn, msg, UserWarning))
+        jax.debug.callback(functools.partial(_warn_at, msg, where))
         return jnp.array(True)
 
     # constants, not `flag` itself, which `lax.cond` would forward past the branches
@@ -282,6 +283,28 @@ def warn_if(tree, flag, msg: str):
     arrays, rest = eqx.partition(tree, eqx.is_array)
     arrays = lax.optimization_barrier((done, arrays))[1]
     return eqx.combine(arrays, rest)
+
+
+# the registry of the warnings issued from a callback, as a module's
+# `__warningregistry__` (a message is shown once per line, as `warnings.warn` does)
+_WARNED: dict = {}
+
+
+def _caller():
+    """`(filename, lineno, module)` of the first frame outside this package."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(
+        PACKAGE_DIR
+    ):
+        frame = frame.f_back
+    module = frame.f_globals.get("__name__", "")
+    return frame.f_code.co_filename, frame.f_lineno, module
+
+
+def _warn_at(msg: str, where):
+    """`warnings.warn(msg)` attributed to the line `where` (`_caller`'s)."""
+    filename, lineno, module = where
+    warnings.warn_explicit(msg, UserWarning, filename, lineno, module, _WARNED)
 
 
 def caller_level() -> int:
