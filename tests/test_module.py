@@ -1,6 +1,7 @@
 """`LoopModule`, `Loop` and the filtered transforms."""
 
 import functools
+from collections.abc import Callable
 
 import equinox as eqx
 import jax
@@ -329,3 +330,31 @@ def test_keyword_only_default_arrays_are_hoisted():
     loop = bl.Loop(lambda c: c[1] < 2, body)
     g = bl.filter_grad(lambda lp, x: jnp.sum(lp.run((x, 0), max_steps=4)[0]))(loop, X)
     assert tree_allclose(g.body_fun.closure["w"], 2 * 2.0 * jnp.sum(X))
+
+
+def test_a_function_field_capturing_arrays_warns():
+    """A plain closure in a field is static to Equinox: under `bl.filter_grad` of the
+    module its arrays get no gradient, silently but for this warning, which names the
+    field and the captured name and points at the user's line. A closure over traced
+    arrays (a module built inside `jax.grad`) is differentiated, and not warned of."""
+
+    class Scaled(bl.LoopModule):
+        f: Callable
+
+        def cond(self, carry):
+            return carry[1] < 3
+
+        def body(self, carry):
+            x, i = carry
+            return self.f(x), i + 1
+
+    def make(a):
+        return Scaled(lambda x: x * a)
+
+    def run(m):
+        return m.run((jnp.array(1.0), 0), max_steps=5)[0]
+
+    with pytest.warns(UserWarning, match=r"`Scaled.f` .* captures arrays \(`a`\)") as w:
+        bl.filter_grad(run)(make(jnp.array(2.0)))
+    assert w[0].filename == __file__
+    assert jax.grad(lambda a: run(make(a)))(jnp.array(2.0)) == 12.0  # no warning

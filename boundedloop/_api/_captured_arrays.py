@@ -3,11 +3,13 @@
 differentiates them (see `docs/guides/modules.md`).
 """
 
+import dataclasses
 import functools
 import types
 from typing import Any
 
 import equinox as eqx
+import jax
 import jax.tree_util as jtu
 
 
@@ -214,3 +216,28 @@ def hoist_arrays(fn):
     A callable computing what `fn` computes.
     """
     return _hoist(fn, {})
+
+
+def static_closures(module) -> dict[str, list[str]]:
+    """The fields of `module` (an `equinox.Module`) that hold a plain Python function
+    or `functools.partial` capturing floating arrays that are not traced: static to
+    Equinox, so under `bl.filter_grad` of the module those arrays are constants and
+    get no gradient (arrays a closure captures while traced, as `jax.grad` of a
+    function that builds the module, are differentiated). Field name -> the names
+    the arrays are captured under (`["args"]` for a partial's arguments)."""
+    found = {}
+    for field in dataclasses.fields(module):
+        value = getattr(module, field.name, None)
+        if not (
+            isinstance(value, types.FunctionType) or type(value) is functools.partial
+        ):
+            continue
+        hoisted = hoist_arrays(value)
+        if hoisted is value or not any(
+            eqx.is_inexact_array(v) and not isinstance(v, jax.core.Tracer)
+            for v in jtu.tree_leaves(hoisted)
+        ):
+            continue
+        closure = getattr(hoisted, "closure", None)
+        found[field.name] = sorted(closure) if closure is not None else ["args"]
+    return found

@@ -3,14 +3,18 @@ and differentiated and everything else static (see `docs/guides/modules.md`).
 """
 
 import abc
+import os
+import warnings
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool
 
-from ._captured_arrays import hoist_arrays
+from .._runtime._checks import caller_level
+from ._captured_arrays import hoist_arrays, static_closures
 from ._stats import LoopStats
 from ._while_loop import while_loop
 
@@ -23,7 +27,10 @@ class LoopModule(eqx.Module, Generic[Carry]):
 
     Subclass it and implement `body` (and optionally `cond` and `buffers`). Fields
     hold parameters: array fields are traced and receive gradients through `run`;
-    other fields (ints, strings, callables) are static.
+    other fields (ints, strings, callables) are static. A field holding a plain
+    function that captures arrays is static too, arrays and all, so `run` warns of
+    it (make the arrays fields, pass them in a `jax.tree_util.Partial`, or use
+    `bl.Loop`, which makes a closure's arrays leaves).
 
     ```python
     class Newton(bl.LoopModule):
@@ -113,6 +120,7 @@ class LoopModule(eqx.Module, Generic[Carry]):
         The final carry; with `stats=True`, `(final_carry, stats)`.
         """
         buffers = None if type(self).buffers is LoopModule.buffers else self.buffers
+        _warn_static_closures(self)
         return while_loop(
             self.cond,
             self.body,
@@ -123,6 +131,26 @@ class LoopModule(eqx.Module, Generic[Carry]):
             buffers=buffers,
             stats=stats,
         )
+
+
+def _warn_static_closures(module: LoopModule):
+    """A warning, at the user's `run`, for each field holding a plain function that
+    captures arrays: they would silently get no gradient."""
+    for field, names in static_closures(module).items():
+        warnings.warn(
+            f"`{type(module).__name__}.{field}` is a plain function that captures "
+            f"arrays ({', '.join(f'`{n}`' for n in names)}): Equinox treats such a "
+            "field as static, so those arrays are constants of the loop and get no "
+            "gradient. Make them fields of the module, pass them through a "
+            "`jax.tree_util.Partial`, or wrap the function with `bl.Loop`, which "
+            "makes a closure's arrays leaves.",
+            UserWarning,
+            stacklevel=caller_level(_LIBRARIES),
+        )
+
+
+# (the user's `run` may be reached through Equinox's and JAX's transforms)
+_LIBRARIES = tuple(os.path.dirname(os.path.abspath(m.__file__)) for m in (jax, eqx))
 
 
 class Loop(LoopModule):

@@ -293,9 +293,7 @@ _WARNED: dict = {}
 def _caller():
     """`(filename, lineno, module)` of the first frame outside this package."""
     frame = sys._getframe(1)
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(
-        PACKAGE_DIR
-    ):
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(PACKAGE_DIR):
         frame = frame.f_back
     module = frame.f_globals.get("__name__", "")
     return frame.f_code.co_filename, frame.f_lineno, module
@@ -307,11 +305,13 @@ def _warn_at(msg: str, where):
     warnings.warn_explicit(msg, UserWarning, filename, lineno, module, _WARNED)
 
 
-def caller_level() -> int:
+def caller_level(libraries: tuple[str, ...] = ()) -> int:
     """The `stacklevel` that attributes a warning issued by this function's caller to
-    the first frame outside this package: the user's call of the loop."""
+    the first frame outside this package (and the folders `libraries`): the user's
+    call of the loop."""
+    ours = (PACKAGE_DIR, *libraries)
     frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_code.co_filename.startswith(PACKAGE_DIR):
+    while frame is not None and frame.f_code.co_filename.startswith(ours):
         frame, level = frame.f_back, level + 1
     return level
 
