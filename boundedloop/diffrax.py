@@ -113,8 +113,8 @@ class CheckpointedAdjoint(diffrax.AbstractAdjoint):
         default, 16.
     - `memory`: instead of `checkpoints`, a budget in bytes for the stepping loop's
         reverse sweep (an `int`, or a string such as `"2 GiB"`), as
-        `bl.while_loop`'s `memory`: copies of the solver state and a tape of the
-        last steps' residuals (`bl.memory_plan` says what it buys).
+        `bl.while_loop`'s `memory`: copies of the solver state and a tape of step
+        residuals (`bl.memory_plan` says what it buys).
     """
 
     checkpoints: int | None = None

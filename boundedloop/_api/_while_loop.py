@@ -93,11 +93,13 @@ def while_loop(
         smallest integer with `binomial(c + r, r) >= n`.
     - `memory`: instead of `checkpoints`, a budget for what the backward pass
         holds for this loop: an `int` of bytes, or a string with a unit (`"2 GiB"`,
-        `"500 MB"`). It buys copies of the carry and a tape of the last steps'
-        residuals (what each step's vector-Jacobian product reads), so that those
-        steps are reversed without being evaluated again; when `max_steps` steps'
-        residuals fit, the gradient is a stored scan. `bl.memory_plan` says what a
-        budget buys. Giving both `memory` and `checkpoints` is an error.
+        `"500 MB"`). When one copy of the carry and `max_steps` steps' residuals
+        (what each step's vector-Jacobian product reads) fit, the forward pass
+        tapes every step and the gradient is a stored scan. Otherwise it buys
+        copies of the carry and a tape of a block of steps: the backward pass
+        recomputes each block once from its checkpoint, taping it, and reverses it
+        from the tape. `bl.memory_plan` says what a budget buys. Giving both
+        `memory` and `checkpoints` is an error.
     - `buffers`: optional, a function `carry -> node or sequence of nodes of the
         carry`. Every array leaf under those nodes is a [`bl.Buffer`][boundedloop.Buffer]
         inside `body_fun`: `buf[idx]` reads, `buf.at[idx].set(x, pred=p)` writes in

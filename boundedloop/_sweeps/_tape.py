@@ -118,7 +118,7 @@ class TapedStep:
 
 
 class Tape(eqx.Module):
-    """The residuals of the last steps: a stacked array per varying residual."""
+    """Steps' residuals: a stacked array per varying residual, a row per step."""
 
     rows: tuple
     # the `ReversibleStep.key` of the step that taped them: a reverse sweep whose
