@@ -436,3 +436,12 @@ def test_gradient_under_diffrax_runtime_type_checks():
         env=dict(os.environ, JAX_PLATFORMS="cpu"),
     )
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("memory", ["2 kB", "1 MB"])
+def test_memory_budget_matches_recursive_checkpoint_adjoint(memory):
+    """`CheckpointedAdjoint(memory=...)`: a budget for blocks of taped steps (2 kB)
+    and one that tapes every step (1 MB) give RCA's gradient."""
+    ours = _grad(CheckpointedAdjoint(memory=memory), "ts", diffrax.Tsit5())(Y0, ARGS)
+    expected = on_host(_grad(RCA, "ts", diffrax.Tsit5()))(Y0, ARGS)
+    assert tree_allclose(ours, expected, rtol=1e-5, atol=1e-6)
