@@ -101,7 +101,7 @@ def test_plan_splits_the_budget():
     assert _plan(CARRY).checkpoint_bytes == CARRY
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=16, deadline=None)
 @given(memory=st.sampled_from(BUDGETS), n=st.integers(0, MAX_STEPS))
 def test_gradient_and_evaluations_match_the_plan(memory, n):
     """Every budget: the gradient of `lax.scan` over the `n` steps taken, and as
@@ -119,7 +119,7 @@ def test_gradient_and_evaluations_match_the_plan(memory, n):
         assert len(count) >= 2 * n  # each block recomputed once, then taped
 
 
-@pytest.mark.parametrize("memory", [3 * CARRY, 4 * CARRY + 4 * ROW, "1 MiB"])
+@pytest.mark.parametrize("memory", [4 * CARRY + 4 * ROW, "1 MiB"])
 def test_transforms_compose_with_a_budget(memory):
     """vmap over the trip count, `jax.hessian`, `grad` of `grad`, `grad` of `jvp`
     and `jacfwd` through a taped loop equal them through `lax.scan`. (`grad` of
