@@ -1,5 +1,6 @@
 """Shared pieces of the benchmarks: the loops we compare and how we time them."""
 
+import contextlib
 import json
 import pathlib
 import platform
@@ -167,8 +168,7 @@ EULER_DT = 0.01
 
 
 def euler_step(w, b, counter=None):
-    """The cheap-step body of `cheap_steps.py`, `forward_mode.py` and
-    `distributed.py`: `(x, i) -> (x + 0.01 tanh(W x + b), i + 1)`, calling `counter`
+    """The cheap-step body of `cheap_steps.py` and `distributed.py`: `(x, i) -> (x + 0.01 tanh(W x + b), i + 1)`, calling `counter`
     (an `EvalCounter`) each evaluation if given."""
 
     def body(carry):
@@ -193,3 +193,33 @@ def clear_caches():
             if callable(getattr(fn, "cache_clear", None)):
                 fn.cache_clear()
     jax.clear_caches()
+
+
+def count_evals(make, args, control=False):
+    """Body evaluations in one call of `jax.jit(make(counter))` (an `EvalCounter`),
+    counted on a second call after a first that compiles; with `control`, also every
+    `lax.while_loop` iteration (`WhileIterationCounter`), as `(evals, iterations)`."""
+    counter, loops = EvalCounter(), WhileIterationCounter()
+    with loops if control else contextlib.nullcontext():
+        counted = jax.jit(make(counter))
+        jax.block_until_ready(counted(*args))
+    counter.count = loops.count = 0
+    jax.block_until_ready(counted(*args))
+    return (counter.count, loops.count) if control else counter.count
+
+
+def max_abs_diff(a, b) -> float:
+    """The largest absolute difference between two pytrees of arrays."""
+    return max(
+        float(jnp.max(jnp.abs(x - y)))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+    )
+
+
+def compile_parts(fn, *args):
+    """(trace + lower seconds, XLA compile seconds, compiled) of `jax.jit(fn)`."""
+    t0 = time.perf_counter()
+    lowered = jax.jit(fn).lower(*args)
+    t1 = time.perf_counter()
+    compiled = lowered.compile()
+    return t1 - t0, time.perf_counter() - t1, compiled

@@ -1,17 +1,25 @@
 """Many cheap steps (the ODE-solver regime): explicit Euler on `x' = tanh(W x + b)`,
-state width 32, dt = 0.01, exactly n steps, and the gradient of `sum(x_n**2)` with
-respect to (W, b, x0). Side by side in one process: `bl.while_loop` with 16
-checkpoints and storing every step, equinox's checkpointed loop with 16, and the
-ideal, a `lax.scan` over exactly n steps that stores every residual.
+state width 32, dt = 0.01, exactly n steps (n = 1000 and 10000), differentiated.
 
-    python benchmarks/cheap_steps.py [--quick] [--rounds 20] [--out FILE] > benchmarks/results/cheap_steps.txt
-    python benchmarks/cheap_steps.py --smoke   # tiny sizes, checks that it runs
+    python benchmarks/cheap_steps.py [--rounds 20] [--out FILE] > benchmarks/results/cheap_steps.txt
+    python benchmarks/cheap_steps.py --forward-mode [--rounds 30] [--out FILE] > benchmarks/results/forward_mode.txt
+
+Reverse mode (the default): the gradient of `sum(x_n**2)` with respect to (W, b,
+x0), side by side in one process: `bl.while_loop` with 16 checkpoints and storing
+every step, equinox's checkpointed loop with 16, and the ideal, a `lax.scan` over
+exactly n steps that stores every residual; body evaluations and every while loop's
+iterations per gradient, compile time and temporary memory. Writes
+`benchmarks/results/cheap_steps.json`.
+
+`--forward-mode`: `jax.jvp` (one tangent) and `jax.jacfwd` (32) of the final state
+with respect to x0, for `bl.while_loop` (checkpoints 16, and store-all), which
+`jax.jvp` evaluates in one pass, against `lax.while_loop`. Writes
+`benchmarks/results/forward_mode.json`.
 
 The loops' cond is `i < n` with n a traced argument (the compiled program does not
 depend on it) and max_steps = n. Times are medians over rounds run round-robin, in a
-shuffled order, after a warm-up; body evaluations per gradient are counted with
-`jax.debug.callback` in a separate compile. Writes JSON (not in --smoke mode unless
---out is given) and prints a markdown table.
+shuffled order, after a warm-up; body evaluations are counted with
+`jax.debug.callback` in a separate compile. Prints each row and a markdown table.
 """
 
 import argparse
@@ -22,12 +30,12 @@ import jax.numpy as jnp
 import numpy as np
 from _common import (
     compile_time,
-    EULER_DT,
+    count_evals,
+    EULER_DT as DT,
     euler_step,
-    EvalCounter,
     interleaved_medians,
+    max_abs_diff,
     temp_bytes,
-    WhileIterationCounter,
     write_results,
 )
 from _format import index, load, page, seconds, table
@@ -37,172 +45,161 @@ import boundedloop as bl
 
 
 WIDTH = 32
-DT = EULER_DT
 CHECKPOINTS = 16
 IDEAL = "lax.scan (ideal)"
-KINDS = [
-    f"boundedloop checkpoints={CHECKPOINTS}",
-    "boundedloop store all",
-    f"equinox checkpointed checkpoints={CHECKPOINTS}",
-    IDEAL,
-]
+REFERENCE = "lax.while_loop"
+OURS, EVERY = f"boundedloop checkpoints={CHECKPOINTS}", "boundedloop store all"
+KINDS = [OURS, EVERY, f"equinox checkpointed checkpoints={CHECKPOINTS}", IDEAL]
+FORWARD_KINDS = [OURS, EVERY, REFERENCE]
+MODES = ["jvp", "jacfwd"]
+# each mode's results: what its rows name the compile time, body evaluations,
+# difference from the last kind's result, time, and time over the last kind's
+KEYS = {
+    "grad": ("grad_compile_s", "body_evals_per_grad", "max_abs_diff_vs_ideal")
+    + ("grad_s", "grad_over_ideal"),
+    "forward": ("compile_s", "evals", "max_abs_diff", "s", "over_reference"),
+}
 
 
-def make(kind, n, counter=None):
-    """The gradient, `(W, b, x0, steps) -> (dW, db, dx0)`, of `sum(x_n**2)` for one
-    loop. `steps` (a traced int, equal to `n`) is what the loops' cond compares
-    against; `n` is the static bound (and the scan's length)."""
-
-    def loss(w, b, x0, steps):
-        body = euler_step(w, b, counter)
-
-        cond = lambda c: c[1] < steps  # noqa: E731
-        init = (x0, jnp.array(0))
-        if kind == f"boundedloop checkpoints={CHECKPOINTS}":
-            out = bl.while_loop(cond, body, init, max_steps=n, checkpoints=CHECKPOINTS)
-        elif kind == "boundedloop store all":
-            out = bl.while_loop(cond, body, init, max_steps=n, checkpoints=n)
-        elif kind == f"equinox checkpointed checkpoints={CHECKPOINTS}":
-            out = eqxi.while_loop(
-                cond,
-                body,
-                init,
-                max_steps=n,
-                kind="checkpointed",
-                checkpoints=CHECKPOINTS,
-            )
-        elif kind == IDEAL:
-            out = lax.scan(lambda c, _: (body(c), None), init, length=n)[0]
-        else:
-            raise ValueError(kind)
-        return jnp.sum(out[0] ** 2)
-
-    return jax.grad(loss, argnums=(0, 1, 2))
+def final_state(kind, n, w, b, x0, steps, counter=None):
+    """x_n of the loop `kind`; `steps` (a traced int, equal to `n`) is what the
+    loops' cond compares against, `n` the static bound (and the scan's length)."""
+    body = euler_step(w, b, counter)
+    cond = lambda c: c[1] < steps  # noqa: E731
+    init = (x0, jnp.array(0))
+    if kind.startswith("boundedloop"):
+        checkpoints = CHECKPOINTS if kind == OURS else n
+        out = bl.while_loop(cond, body, init, max_steps=n, checkpoints=checkpoints)
+    elif kind.startswith("equinox checkpointed"):
+        out = eqxi.while_loop(
+            cond, body, init, max_steps=n, kind="checkpointed", checkpoints=CHECKPOINTS
+        )
+    elif kind == IDEAL:
+        out = lax.scan(lambda c, _: (body(c), None), init, length=n)[0]
+    elif kind == REFERENCE:
+        out = lax.while_loop(cond, body, init)
+    else:
+        raise ValueError(kind)
+    return out[0]
 
 
-def count_evals(kind, n, args):
-    """(body evaluations, while-loop iterations) in one gradient."""
-    counter = EvalCounter()
-    with WhileIterationCounter() as control:
-        counted = jax.jit(make(kind, n, counter))
-        jax.block_until_ready(counted(*args))
-    counter.count = control.count = 0
-    jax.block_until_ready(counted(*args))
-    return counter.count, control.count
+def make(kind, mode, n, counter=None):
+    """The measured function: for `grad`, `(W, b, x0, steps) -> (dW, db, dx0)` of
+    `sum(x_n**2)`; for `jvp` and `jacfwd`, `(W, b, x0, v, steps) -> result` with
+    respect to x0."""
+    if mode == "grad":
+        return jax.grad(
+            lambda w, b, x0, steps: jnp.sum(
+                final_state(kind, n, w, b, x0, steps, counter) ** 2
+            ),
+            argnums=(0, 1, 2),
+        )
 
+    def final(w, b, x0, steps):
+        return final_state(kind, n, w, b, x0, steps, counter)
 
-def max_abs_diff(a, b):
-    return max(
-        float(jnp.max(jnp.abs(x - y)))
-        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
-    )
+    if mode == "jvp":
+        return lambda w, b, x0, v, steps: jax.jvp(
+            lambda x: final(w, b, x, steps), (x0,), (v,)
+        )
+    return lambda w, b, x0, v, steps: jax.jacfwd(lambda x: final(w, b, x, steps))(x0)
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true", help="only n = 1000")
-    parser.add_argument(
-        "--smoke", action="store_true", help="n = 50, 100 and 2 rounds: checks it runs"
-    )
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument(
-        "--out",
-        default=None,
-        help="JSON output (default benchmarks/results/cheap_steps.json; none with --smoke)",
-    )
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--forward-mode", action="store_true", help="jvp and jacfwd")
+    parser.add_argument("--rounds", type=int, default=None, help="20, or 30 forward")
+    parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    if args.smoke:
-        sizes, rounds = [50, 100], 2
-    else:
-        sizes, rounds = ([1000] if args.quick else [1000, 10000]), args.rounds
-    out = args.out
-    if out is None and not args.smoke:
-        out = "benchmarks/results/cheap_steps.json"
+    forward = args.forward_mode
+    what = "forward" if forward else "grad"
+    modes, kinds = (MODES, FORWARD_KINDS) if forward else (["grad"], KINDS)
+    rounds = args.rounds or (30 if forward else 20)
+    compile_key, evals_key, diff_key, time_key, over_key = KEYS[what]
+    name = "forward_mode" if forward else "cheap_steps"
+    out = args.out or f"benchmarks/results/{name}.json"
 
-    kw, kb, kx = jax.random.split(jax.random.key(0), 3)
-    w = jax.random.normal(kw, (WIDTH, WIDTH)) / np.sqrt(WIDTH)
-    b = 0.1 * jax.random.normal(kb, (WIDTH,))
-    x0 = jax.random.normal(kx, (WIDTH,))
+    w, b, x0, *v = jax.random.split(jax.random.key(0), 4 if forward else 3)
+    w = jax.random.normal(w, (WIDTH, WIDTH)) / np.sqrt(WIDTH)
+    b = 0.1 * jax.random.normal(b, (WIDTH,))
+    x0 = jax.random.normal(x0, (WIDTH,))
+    v = [jax.random.normal(k, (WIDTH,)) for k in v]
 
     rows, fns, fn_args = [], {}, {}
-    for n in sizes:
-        a = (w, b, x0, jnp.array(n, dtype=jnp.int32))
-        reference = None
-        for kind in KINDS:
-            ct, compiled = compile_time(make(kind, n), *a)
-            grads = jax.block_until_ready(compiled(*a))  # warm-up
-            if kind == IDEAL:
-                reference = grads
-            evals, control = count_evals(kind, n, a)
-            row = {
-                "kind": kind,
-                "n": n,
-                "grad_compile_s": ct,
-                "grad_temp_bytes": temp_bytes(compiled),
-                "body_evals_per_grad": evals,
-                "control_iterations": control,
-                "_grads": grads,
-            }
-            rows.append(row)
-            fns[(kind, n)], fn_args[(kind, n)] = compiled, a
-            print("compiled", kind, n, flush=True)
-        for row in rows:
-            if row["n"] == n:
-                row["max_abs_diff_vs_ideal"] = max_abs_diff(
-                    row.pop("_grads"), reference
+    for n in [1000, 10000]:
+        a = (w, b, x0, *v, jnp.array(n, dtype=jnp.int32))
+        for mode in modes:
+            results = {}
+            for kind in kinds:
+                ct, compiled = compile_time(make(kind, mode, n), *a)
+                results[kind] = jax.block_until_ready(compiled(*a))  # warm-up
+                counted = count_evals(
+                    lambda c: make(kind, mode, n, c), a, control=not forward
                 )
+                row = {"kind": kind, "mode": mode, "n": n, compile_key: ct}
+                if forward:
+                    row[evals_key] = counted
+                else:
+                    del row["mode"]
+                    row["grad_temp_bytes"] = temp_bytes(compiled)
+                    row[evals_key], row["control_iterations"] = counted
+                rows.append(row)
+                key = (kind, mode, n)
+                fns[key], fn_args[key] = compiled, a
+                print("compiled", kind, mode, n, flush=True)
+            for row in rows[-len(kinds) :]:
+                row[diff_key] = max_abs_diff(results[row["kind"]], results[kinds[-1]])
 
     medians = interleaved_medians(fns, fn_args, rounds)
     for row in rows:
-        row["grad_s"] = medians[(row["kind"], row["n"])]
+        row[time_key] = medians[(row["kind"], row.get("mode", "grad"), row["n"])]
     for row in rows:
-        ideal = next(r for r in rows if r["kind"] == IDEAL and r["n"] == row["n"])
-        row["grad_over_ideal"] = row["grad_s"] / ideal["grad_s"]
-        row["evals_over_2n"] = row["body_evals_per_grad"] / (2 * row["n"])
+        base = next(
+            r
+            for r in rows
+            if (r["kind"], r.get("mode"), r["n"])
+            == (kinds[-1], row.get("mode"), row["n"])
+        )
+        row[over_key] = row[time_key] / base[time_key]
+        if forward:
+            row["compile_over_reference"] = row["compile_s"] / base["compile_s"]
+        else:
+            row["evals_over_2n"] = row["body_evals_per_grad"] / (2 * row["n"])
         print(row, flush=True)
 
-    print()
     print(
-        f"Euler steps x + {DT} * tanh(W x + b), width {WIDTH}, exactly n steps "
-        f"(max_steps = n); gradient of sum(x_n**2) w.r.t. (W, b, x0); "
-        f"medians of {rounds} interleaved rounds; ratios within this run."
-    )
-    print()
-    print(
-        "| loop | n | grad ms | over ideal | body evals | evals / 2n | "
-        "while iterations | iterations / evals | temp bytes |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for row in rows:
-        # `lax.scan` is not a `lax.while_loop`: its iterations are not counted
-        control = row["control_iterations"] if row["kind"] != IDEAL else None
-        ratio = "" if control is None else f"{control / row['body_evals_per_grad']:.2f}"
-        print(
-            f"| {row['kind']} | {row['n']} | {1e3 * row['grad_s']:.3f} | "
-            f"{row['grad_over_ideal']:.2f} | {row['body_evals_per_grad']} | "
-            f"{row['evals_over_2n']:.2f} | {control or ''} | {ratio} | "
-            f"{row['grad_temp_bytes']} |"
+        f"\nEuler steps x + {DT} * tanh(W x + b), width {WIDTH}, exactly n steps "
+        f"(max_steps = n); "
+        + (
+            f"jvp (one tangent) and jacfwd ({WIDTH} tangents) w.r.t. x0"
+            if forward
+            else "gradient of sum(x_n**2) w.r.t. (W, b, x0)"
         )
-    print()
-    print("| loop | n | compile s | max abs diff vs ideal |")
-    print("|---|---:|---:|---:|")
-    for row in rows:
-        print(
-            f"| {row['kind']} | {row['n']} | {row['grad_compile_s']:.2f} | "
-            f"{row['max_abs_diff_vs_ideal']:.1e} |"
-        )
-    if out:
+        + f"; medians of {rounds} interleaved rounds; ratios within this run.\n"
+    )
+    header = ["loop", "mode", "n", "ms", f"over {kinds[-1]}", "body evals"]
+    header += ["compile s", "max abs diff"]
+    if (
+        not forward
+    ):  # `lax.scan` is not a `lax.while_loop`: its iterations are not counted
+        header += ["while iterations", "temp bytes"]
+    cells = [
+        [row["kind"], row.get("mode", "grad"), row["n"], f"{1e3 * row[time_key]:.3f}"]
+        + [f"{row[over_key]:.2f}", row[evals_key], f"{row[compile_key]:.2f}"]
+        + [f"{row[diff_key]:.1e}"]
+        + ([] if forward else [row["control_iterations"], row["grad_temp_bytes"]])
+        for row in rows
+    ]
+    print("\n".join(table(header, cells, left=2)))
+    if forward:
+        write_results(out, rounds=rounds, rows=rows)
+    else:
         write_results(
-            out,
-            width=WIDTH,
-            dt=DT,
-            checkpoints=CHECKPOINTS,
-            rounds=rounds,
-            rows=rows,
+            out, width=WIDTH, dt=DT, checkpoints=CHECKPOINTS, rounds=rounds, rows=rows
         )
 
 
-# --- the docs' table (`benchmarks/internal/tables.py` writes it) ------------------------
+# --- the docs' tables (`benchmarks/internal/tables.py` writes them) ---------------------
 
 
 def cheap_steps_table() -> str:
@@ -228,6 +225,28 @@ def cheap_steps_table() -> str:
     header = ["n", "bl.while_loop", "equinox checkpointed", "equinox / ours"]
     header += ["bl.while_loop storing every step", "ideal `lax.scan`"]
     return page(table(header, rows, left=0))
+
+
+def forward_mode_table() -> str:
+    """Forward-mode time over `lax.while_loop`'s JVP, for each loop and `n` (the
+    why page)."""
+    rows = load("forward_mode.json")["rows"]
+    by = index(rows, "kind", "mode", "n")
+    kinds = [k for k in dict.fromkeys(r["kind"] for r in rows) if k != REFERENCE]
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    names = {
+        k: k.replace("boundedloop", "bl.while_loop,").replace(
+            "store all", "storing every step"
+        )
+        for k in kinds
+    }
+    cells = [
+        [names[kind], n]
+        + [f"{by[(kind, mode, n)]['over_reference']:.2f}" for mode in modes]
+        for kind in kinds
+        for n in sorted({r["n"] for r in rows})
+    ]
+    return page(table(["loop", "n", *(f"`jax.{mode}`" for mode in modes)], cells))
 
 
 if __name__ == "__main__":

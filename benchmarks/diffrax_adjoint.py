@@ -36,7 +36,7 @@ import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from _common import clear_caches, temp_bytes
+from _common import clear_caches, compile_parts, temp_bytes
 from _format import index, load, milliseconds, nbytes, page, table
 
 from boundedloop.diffrax import CheckpointedAdjoint
@@ -110,15 +110,6 @@ def loss(field, y0, adjoint):
     return jnp.sum(solve(field, y0, adjoint).ys ** 2)
 
 
-def compile_parts(fn, *args):
-    """(trace + lower seconds, XLA compile seconds, compiled)."""
-    t0 = time.perf_counter()
-    lowered = jax.jit(fn).lower(*args)
-    t1 = time.perf_counter()
-    compiled = lowered.compile()
-    return t1 - t0, time.perf_counter() - t1, compiled
-
-
 def recompile(cases, rows, order, repeats, rng):
     """Compiles every case `repeats` times more, the cases interleaved in a new
     order each time and each from cleared caches; each row's times become the
@@ -145,19 +136,8 @@ def main():
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="neural")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--out", default=None)
-    parser.add_argument(
-        "--modes",
-        nargs="+",
-        choices=["grad", "jvp", "jacfwd"],
-        default=["grad", "jvp", "jacfwd"],
-        help="which transforms to measure",
-    )
-    parser.add_argument(
-        "--adjoints",
-        nargs="+",
-        default=None,
-        help="which adjoints to measure, as the rows name them (default: all)",
-    )
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--adjoints", nargs="+", help="as the rows name them (all)")
     parser.add_argument(
         "--compile-repeats",
         type=int,
@@ -167,80 +147,54 @@ def main():
     )
     args = parser.parse_args()
     use(WORKLOADS[args.workload])
-    if args.out is None:
-        args.out = f"benchmarks/results/diffrax_adjoint_{args.workload}.json"
+    out = args.out or f"benchmarks/results/diffrax_adjoint_{args.workload}.json"
     field, y0 = make_field(), jnp.linspace(-1.0, 1.0, STATE)
     params, static = eqx.partition(field, eqx.is_inexact_array)
     steps = int(
         solve(field, y0, diffrax.RecursiveCheckpointAdjoint()).stats["num_steps"]
     )
 
-    def grad_of(adjoint):
-        return lambda p, y0: jax.grad(
-            lambda p: loss(eqx.combine(p, static), y0, adjoint)
-        )(p)
+    def ys(adjoint):
+        return lambda y0: solve(field, y0, adjoint).ys
 
-    def jvp_of(adjoint):
-        return lambda y0, v: jax.jvp(
-            lambda y0: solve(field, y0, adjoint).ys, (y0,), (v,)
-        )[1]
+    def make(mode, adjoint):
+        """The measured function of `mode` through `adjoint`, and its arguments."""
+        if mode == "grad":
+            grad = jax.grad(lambda p, y0: loss(eqx.combine(p, static), y0, adjoint))
+            return grad, (params, y0)
+        if mode == "jvp":
+            return lambda y0, v: jax.jvp(ys(adjoint), (y0,), (v,))[1], (y0, y0)
+        return jax.jacfwd(ys(adjoint)), (y0,)
 
-    def jacfwd_of(adjoint):
-        return lambda y0: jax.jacfwd(lambda y0: solve(field, y0, adjoint).ys)(y0)
-
-    cases = {
-        ("grad", "RecursiveCheckpointAdjoint()"): (
-            grad_of(diffrax.RecursiveCheckpointAdjoint()),
-            (params, y0),
+    adjoints = {
+        "RecursiveCheckpointAdjoint()": diffrax.RecursiveCheckpointAdjoint(),
+        "RecursiveCheckpointAdjoint(16)": diffrax.RecursiveCheckpointAdjoint(
+            checkpoints=16
         ),
-        ("grad", "RecursiveCheckpointAdjoint(16)"): (
-            grad_of(diffrax.RecursiveCheckpointAdjoint(checkpoints=16)),
-            (params, y0),
-        ),
-        ("grad", "CheckpointedAdjoint()"): (
-            grad_of(CheckpointedAdjoint()),
-            (params, y0),
-        ),
-        ("grad", "CheckpointedAdjoint(16)"): (
-            grad_of(CheckpointedAdjoint(checkpoints=16)),
-            (params, y0),
-        ),
-        ("grad", "CheckpointedAdjoint(store all)"): (
-            grad_of(CheckpointedAdjoint(checkpoints=MAX_STEPS)),
-            (params, y0),
-        ),
-        ("jvp", "ForwardMode()"): (jvp_of(diffrax.ForwardMode()), (y0, y0)),
-        ("jvp", "CheckpointedAdjoint()"): (jvp_of(CheckpointedAdjoint()), (y0, y0)),
+        "CheckpointedAdjoint()": CheckpointedAdjoint(),
+        "CheckpointedAdjoint(16)": CheckpointedAdjoint(checkpoints=16),
+        "CheckpointedAdjoint(store all)": CheckpointedAdjoint(checkpoints=MAX_STEPS),
+        "ForwardMode()": diffrax.ForwardMode(),
+        "DirectAdjoint()": diffrax.DirectAdjoint(),
     }
+    measured = [("grad", name) for name in list(adjoints)[:5]]
+    measured += [("jvp", "ForwardMode()"), ("jvp", "CheckpointedAdjoint()")]
     if args.workload != "wide":
-        cases[("jacfwd", "ForwardMode()")] = (jacfwd_of(diffrax.ForwardMode()), (y0,))
-        cases[("jacfwd", "CheckpointedAdjoint()")] = (
-            jacfwd_of(CheckpointedAdjoint()),
-            (y0,),
-        )
+        measured += [("jacfwd", "ForwardMode()"), ("jacfwd", "CheckpointedAdjoint()")]
     if args.workload == "neural":  # its compile grows with max_steps
-        cases[("grad", "DirectAdjoint()")] = (
-            grad_of(diffrax.DirectAdjoint()),
-            (params, y0),
-        )
+        measured.append(("grad", "DirectAdjoint()"))
     cases = {
-        key: case
-        for key, case in cases.items()
-        if key[0] in args.modes and key[1] in (args.adjoints or [key[1]])
+        (mode, name): make(mode, adjoints[name])
+        for mode, name in measured
+        if mode in args.modes and name in (args.adjoints or [name])
     }
     compiled, rows = {}, {}
     for key, (fn, fn_args) in cases.items():
         trace_s, compile_s, exe = compile_parts(fn, *fn_args)
         jax.block_until_ready(exe(*fn_args))
         compiled[key] = (exe, fn_args)
-        rows[key] = dict(
-            mode=key[0],
-            adjoint=key[1],
-            trace_lower_s=trace_s,
-            compile_s=compile_s,
-            temp_bytes=temp_bytes(exe),
-            samples=[],
-        )
+        rows[key] = dict(mode=key[0], adjoint=key[1], trace_lower_s=trace_s)
+        rows[key].update(compile_s=compile_s, temp_bytes=temp_bytes(exe), samples=[])
         print(
             key, f"trace+lower {trace_s:.2f} s, compile {compile_s:.2f} s", flush=True
         )
@@ -256,38 +210,31 @@ def main():
             rows[key]["samples"].append(time.perf_counter() - t0)
     for row in rows.values():
         row["ms"] = 1e3 * statistics.median(row.pop("samples"))
-    base = {mode: rows.get((mode, BASE[mode])) for mode in MODES}
-    print()
     print(
-        f"{args.workload} ODE {WORKLOADS[args.workload]}, {steps} steps taken, max_steps={MAX_STEPS}; medians of "
-        f"{args.rounds} interleaved rounds; ratios to diffrax's adjoint for the mode "
-        "(RecursiveCheckpointAdjoint() for grad, ForwardMode() for jvp/jacfwd)."
+        f"\n{args.workload} ODE {WORKLOADS[args.workload]}, {steps} steps taken, "
+        f"max_steps={MAX_STEPS}; medians of {args.rounds} interleaved rounds; ratios "
+        "to diffrax's adjoint for the mode (RecursiveCheckpointAdjoint() for grad, "
+        "ForwardMode() for jvp/jacfwd).\n"
     )
-    print()
-    print(
-        "| mode | adjoint | ms | ratio | trace+lower s | compile s | compile ratio | "
-        "(trace+compile) ratio | temp bytes |"
-    )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    header = ["mode", "adjoint", "ms", "ratio", "trace+lower s", "compile s"]
+    header += ["compile ratio", "(trace+compile) ratio", "temp bytes"]
+    cells = []
     for row in rows.values():
-        b = base[row["mode"]]
+        b = rows[(row["mode"], BASE[row["mode"]])]
         total = row["trace_lower_s"] + row["compile_s"]
-        print(
-            f"| {row['mode']} | {row['adjoint']} | {row['ms']:.2f} | "
-            f"{row['ms'] / b['ms']:.2f} | {row['trace_lower_s']:.2f} | "
-            f"{row['compile_s']:.2f} | {row['compile_s'] / b['compile_s']:.2f} | "
-            f"{total / (b['trace_lower_s'] + b['compile_s']):.2f} | "
-            f"{row['temp_bytes']} |"
+        cells.append(
+            [row["mode"], row["adjoint"], f"{row['ms']:.2f}"]
+            + [f"{row['ms'] / b['ms']:.2f}", f"{row['trace_lower_s']:.2f}"]
+            + [f"{row['compile_s']:.2f}", f"{row['compile_s'] / b['compile_s']:.2f}"]
+            + [f"{total / (b['trace_lower_s'] + b['compile_s']):.2f}"]
+            + [row["temp_bytes"]]
         )
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    print("\n".join(table(header, cells, left=2)))
     parameters = dict(workload=args.workload, **WORKLOADS[args.workload]._asdict())
-    results = dict(
-        **parameters,
-        rounds=args.rounds,
-        compile_repeats=args.compile_repeats,
-        steps=steps,
-    )
+    results = dict(**parameters, rounds=args.rounds)
+    results.update(compile_repeats=args.compile_repeats, steps=steps)
+    out = pathlib.Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({**results, "rows": list(rows.values())}, indent=1))
 
 

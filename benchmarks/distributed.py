@@ -34,7 +34,6 @@ import faulthandler
 import json
 import os
 import pathlib
-import platform
 import re
 import socket
 import subprocess
@@ -80,7 +79,7 @@ def worker(port, process_id, processes, rounds, json_path):
     )
     import jax.numpy as jnp
     import numpy as np
-    from _common import euler_step, interleaved_medians
+    from _common import euler_step, interleaved_medians, write_results
     from jax.experimental.multihost_utils import process_allgather
     from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
@@ -144,30 +143,23 @@ def worker(port, process_id, processes, rounds, json_path):
         rows = []
         for (variant, kind), seconds in medians.items():
             total, in_conditions = all_reduce_counts(hlo[(variant, kind)])
-            rows.append(
-                {
-                    "variant": variant,
-                    "kind": kind,
-                    "seconds": seconds,
-                    "all_reduce": total,
-                    "all_reduce_in_loop_conditions": in_conditions,
-                }
+            rows.append(dict(variant=variant, kind=kind, seconds=seconds))
+            rows[-1].update(
+                all_reduce=total, all_reduce_in_loop_conditions=in_conditions
             )
-        payload = {
-            "machine": platform.platform(),
-            "devices": [str(d) for d in jax.devices()],
-            "processes": processes,
-            "local_devices": jax.local_device_count(),
-            "batch": batch,
-            "width": WIDTH,
-            "max_trips": MAX_TRIPS,
-            "longest_trip": int(ns.max()),
-            "max_steps": MAX_STEPS,
-            "checkpoints": CHECKPOINTS,
-            "rounds": rounds,
-            "rows": rows,
-        }
-        pathlib.Path(json_path).write_text(json.dumps(payload, indent=1))
+        write_results(
+            json_path,
+            processes=processes,
+            local_devices=jax.local_device_count(),
+            batch=batch,
+            width=WIDTH,
+            max_trips=MAX_TRIPS,
+            longest_trip=int(ns.max()),
+            max_steps=MAX_STEPS,
+            checkpoints=CHECKPOINTS,
+            rounds=rounds,
+            rows=rows,
+        )
     jax.distributed.shutdown()
 
 
@@ -209,33 +201,6 @@ def launch(processes, rounds):
     return {**json.loads(json_path.read_text()), "load_average": load}
 
 
-def report(results):
-    """The run as markdown: what ran, then one row per variant and kind."""
-    r = results
-    lines = [
-        f"{r['processes']} processes x {r['local_devices']} CPU devices (gloo over "
-        f"127.0.0.1); batch {r['batch']}, Euler steps of width {r['width']}, trip "
-        f"counts in [1, {r['max_trips']}] (longest {r['longest_trip']}), "
-        f"max_steps={r['max_steps']}, checkpoints={r['checkpoints']}; medians of "
-        f"{r['rounds']} interleaved rounds, in process 0; load average (1 min) "
-        f"before the run {r['load_average']:.2f}.",
-        "",
-        "| variant | ms per call | over shard_map(vmap) | all-reduce ops (in a loop condition) |",
-        "|---|---:|---:|---:|",
-    ]
-    by = {(row["variant"], row["kind"]): row for row in r["rows"]}
-    for kind in ["forward", "gradient"]:
-        base = by[("shard_map(vmap)", kind)]["seconds"]
-        for variant in VARIANTS:
-            row = by[(variant, kind)]
-            lines.append(
-                f"| {variant} {kind} | {1e3 * row['seconds']:.3f} | "
-                f"{row['seconds'] / base:.1f} | {row['all_reduce']} "
-                f"({row['all_reduce_in_loop_conditions']}) |"
-            )
-    return "\n".join(lines)
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--processes", type=int, default=2)
@@ -249,17 +214,26 @@ def main():
         return
     results = launch(args.processes, args.rounds)
     pathlib.Path(args.out).write_text(json.dumps(results, indent=1))
-    print(report(results))
+    r = results
+    print(
+        f"{r['processes']} processes x {r['local_devices']} CPU devices (gloo over "
+        f"127.0.0.1); batch {r['batch']}, Euler steps of width {r['width']}, trip "
+        f"counts in [1, {r['max_trips']}] (longest {r['longest_trip']}), "
+        f"max_steps={r['max_steps']}, checkpoints={r['checkpoints']}; medians of "
+        f"{r['rounds']} interleaved rounds, in process 0; load average (1 min) "
+        f"before the run {r['load_average']:.2f}.\n"
+    )
+    print(distributed_table(r), end="")
 
 
 # --- the docs' table (`benchmarks/internal/tables.py` writes it) ------------------------
 
 
-def distributed_table() -> str:
+def distributed_table(results=None) -> str:
     """Under `jax.distributed`: time per call of `jit(vmap)` and `shard_map(vmap)`,
     forward and gradient, and the all-reduce ops in each compiled loop condition
-    (the scaling-out guide)."""
-    by = index(load("distributed.json")["rows"], "variant", "kind")
+    (the scaling-out guide); of `results`, by default `distributed.json`'s."""
+    by = index((results or load("distributed.json"))["rows"], "variant", "kind")
     rows = []
     for kind in ("forward", "gradient"):
         batched, per_device = (by[(v, kind)] for v in VARIANTS)

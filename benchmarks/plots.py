@@ -1,15 +1,13 @@
 """Draw the documentation's pictures from the benchmark results, and write its
 tables.
 
-    python benchmarks/plots.py [--no-schedule]
-    python benchmarks/plots.py FIGURE...   # only these pictures, no tables
+    python benchmarks/plots.py
 
-Reads `benchmarks/results/*.json` (written by `while_loop.py`, `recomputation.py`
-and `diffrax_adjoint.py`) and writes PNGs into `docs/images/`; then runs
-`tables.write_tables`, which writes every markdown table the docs include into
-`docs/generated/` (`python benchmarks/internal/tables.py` does that alone). Given figure
-names (`gradient_time`, `recomputation`, `diffrax_adjoints`, `schedule`), it draws
-only those. Nothing is timed: every picture is drawn from the results files.
+Runs `tables.write_tables`, which writes every markdown table the docs include into
+`docs/generated/` (`python benchmarks/internal/tables.py` does that alone), then
+reads `benchmarks/results/*.json` (written by `while_loop.py`, `recomputation.py`
+and `diffrax_adjoint.py`) and writes PNGs into `docs/images/`. Nothing is timed:
+every picture is drawn from the results files.
 """
 
 import json
@@ -19,6 +17,7 @@ import sys
 import matplotlib
 
 
+sys.path.append(str(pathlib.Path(__file__).parent / "internal"))  # `tables`
 matplotlib.use("Agg")
 import matplotlib.patches as mpatches  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
@@ -48,6 +47,30 @@ def zoom_limits(values, lo, hi, margin=0.005):
     return min(lo, min(values) - margin), max(hi, max(values) + margin)
 
 
+def two_panels(height):
+    """A figure of a tall panel over a short one, sharing the x axis."""
+    return plt.subplots(2, 1, figsize=(7.5, height), height_ratios=[3, 2], sharex=True)
+
+
+def ones(axes, label):
+    """The line at 1 on both `axes`, named `label` in the legend."""
+    for ax in axes:
+        ax.axhline(
+            1.0, color="k", ls=":", lw=1.5, label=label if ax is axes[0] else None
+        )
+
+
+def finish(fig, bottom_axes, xs, name, bottom):
+    """Tick the lower axes at `xs`, and save `fig` with a legend below it (at height
+    `bottom`) as `docs/images/<name>`."""
+    bottom_axes.set_xticks(xs, [str(x) for x in xs])
+    bottom_axes.minorticks_off()
+    fig.legend(loc="lower center", ncol=2, fontsize=10, frameon=False)
+    fig.tight_layout(rect=(0, bottom, 1, 1))
+    fig.savefig(IMAGES / name, dpi=110)
+    plt.close(fig)
+
+
 def gradient_time():
     """Gradient time over the ideal against `max_steps`: every loop on a log scale,
     then the checkpointed loops (which overlap there) on a linear one."""
@@ -55,9 +78,7 @@ def gradient_time():
     ideal = data["ideal"]["grad_x_s"]
     kinds = list(dict.fromkeys(r["kind"] for r in data["rows"]))
     sizes = sorted({r["max_steps"] for r in data["rows"]})
-    fig, (top, bottom) = plt.subplots(
-        2, 1, figsize=(7.5, 8.5), height_ratios=[3, 2], sharex=True
-    )
+    fig, (top, bottom) = two_panels(8.5)
     zoom = [k for k in kinds if k.startswith(("boundedloop", "equinox checkpointed"))]
     zoomed = [
         r["grad_x_s"] / ideal
@@ -76,13 +97,7 @@ def gradient_time():
                 label=label if ax is top else None,
                 **STYLE[kind],
             )
-        ax.axhline(
-            1.0,
-            color="k",
-            ls=":",
-            lw=1.5,
-            label="ideal: lax.scan over the 8 steps" if ax is top else None,
-        )
+    ones((top, bottom), "ideal: lax.scan over the 8 steps")
     top.set(
         yscale="log",
         ylabel="gradient time / ideal",
@@ -95,12 +110,7 @@ def gradient_time():
         ylabel="gradient time / ideal",
         title="The checkpointed loops, zoomed (linear scale)",
     )
-    bottom.set_xticks(sizes, [str(m) for m in sizes])
-    bottom.minorticks_off()
-    fig.legend(loc="lower center", ncol=2, fontsize=10, frameon=False)
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
-    fig.savefig(IMAGES / "gradient_time.png", dpi=110)
-    plt.close(fig)
+    finish(fig, bottom, sizes, "gradient_time.png", 0.1)
 
 
 def recomputation():
@@ -111,9 +121,7 @@ def recomputation():
     ns = sorted({r["n"] for r in rows})
     colours = dict(zip(cs, ["tab:red", "tab:orange", "tab:green", "tab:blue"]))
     markers = dict(zip(cs, ["o", "s", "^", "D"]))
-    fig, (top, bottom) = plt.subplots(
-        2, 1, figsize=(7.5, 9), height_ratios=[3, 2], sharex=True
-    )
+    fig, (top, bottom) = two_panels(9)
     for c in cs:
         mine = sorted((r for r in rows if r["c"] == c), key=lambda r: r["n"])
         style = dict(color=colours[c], marker=markers[c], ms=7)
@@ -138,14 +146,7 @@ def recomputation():
             + (f" (n = {missing[0]} not run)" if missing else ""),
             **style,
         )
-    for ax in (top, bottom):
-        ax.axhline(
-            1.0,
-            color="k",
-            ls=":",
-            lw=1.5,
-            label="optimum (bl.scan attains it)" if ax is top else None,
-        )
+    ones((top, bottom), "optimum (bl.scan attains it)")
     top.set(
         yscale="log",
         ylabel="body evaluations / optimum",
@@ -160,12 +161,7 @@ def recomputation():
         ylabel="body evaluations / optimum",
         title="bl.while_loop, zoomed (bl.scan is exactly 1 everywhere)",
     )
-    bottom.set_xticks(ns, [str(n) for n in ns])
-    bottom.minorticks_off()
-    fig.legend(loc="lower center", ncol=2, fontsize=10, frameon=False)
-    fig.tight_layout(rect=(0, 0.12, 1, 1))
-    fig.savefig(IMAGES / "recomputation.png", dpi=110)
-    plt.close(fig)
+    finish(fig, bottom, ns, "recomputation.png", 0.12)
 
 
 def schedule(n=40, slots=4):
@@ -253,27 +249,10 @@ def diffrax_adjoints():
     plt.close(fig)
 
 
-FIGURES = {
-    "gradient_time": gradient_time,
-    "recomputation": recomputation,
-    "diffrax_adjoints": diffrax_adjoints,
-    "schedule": schedule,
-}
-
-
 if __name__ == "__main__":
     IMAGES.mkdir(parents=True, exist_ok=True)
-    chosen = [a for a in sys.argv[1:] if not a.startswith("--")]
-    unknown = set(chosen) - set(FIGURES)
-    if unknown:
-        sys.exit(f"unknown figures {sorted(unknown)}; choose from {sorted(FIGURES)}")
-    if chosen:
-        for name in chosen:
-            FIGURES[name]()
-    else:
-        write_tables()
-        gradient_time()
-        recomputation()
-        diffrax_adjoints()
-        if "--no-schedule" not in sys.argv:
-            schedule()
+    write_tables()
+    gradient_time()
+    recomputation()
+    diffrax_adjoints()
+    schedule()

@@ -4,7 +4,7 @@ optimum for this setting (the forward sweep finishes before the backward starts,
 the trip count unknown to it; the optimum places the checkpoints with hindsight and
 reverses each segment they form by the binomial schedule).
 
-    python benchmarks/recomputation.py [--quick] [--out benchmarks/results/recomputation.json]
+    python benchmarks/recomputation.py [--out benchmarks/results/recomputation.json]
 
 Counts are measured in the compiled programs with `jax.debug.callback`.
 """
@@ -50,34 +50,11 @@ def count(kind, n, c):
     return counter.count
 
 
-def markdown_table(rows) -> str:
-    """The table of counts and ratios to the optimum, one row per (n, c), for the
-    text file (`recomputation_table` is the docs')."""
-    lines = [
-        "| n | c | optimum | bl.while_loop | ratio | bl.scan | ratio "
-        "| equinox checkpointed | ratio |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in sorted(rows, key=lambda r: (r["n"], r["c"])):
-        theirs = (
-            "not run | -"
-            if r["equinox"] is None
-            else f"{r['equinox']} | {r['equinox_over_optimum']:.3f}"
-        )
-        lines.append(
-            f"| {r['n']} | {r['c']} | {r['optimum']} | {r['boundedloop']} | "
-            f"{r['ours_over_optimum']:.3f} | {r['scan']} | "
-            f"{r['scan'] / r['optimum']:.3f} | {theirs} |"
-        )
-    return "\n".join(lines)
-
-
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default="benchmarks/results/recomputation.json")
     args = parser.parse_args()
-    ns = [10, 100] if args.quick else [10, 100, 1000, 10000]
+    ns = [10, 100, 1000, 10000]
     cs = [2, 4, 8, 16]
     rows = []
     for c in cs:
@@ -106,11 +83,8 @@ def main():
                 }
             )
             print(rows[-1], flush=True)
-    print()
-    print(markdown_table(rows))
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rows, indent=1))
+    pathlib.Path(args.out).write_text(json.dumps(rows, indent=1))
+    print(recomputation_table(rows))
 
 
 # --- the docs' tables (`benchmarks/internal/tables.py` writes them) ---------------------
@@ -138,10 +112,9 @@ def repetitions_table(steps=STEPS, checkpoints=CHECKPOINTS) -> str:
     return page(table(header, rows, left=0))
 
 
-def recomputation_table() -> str:
+def recomputation_table(rows=None) -> str:
     """Body evaluations per gradient, with their ratio to the optimum in one cell so
-    that the table fits the page (`markdown_table`, for the text file, has a column
-    per ratio)."""
+    that the table fits the page; of `rows`, by default `recomputation.json`'s."""
 
     def cell(count, optimum):
         return "not run" if count is None else f"{count} ({count / optimum:.3f})"
@@ -149,7 +122,9 @@ def recomputation_table() -> str:
     rows = [
         [r["n"], r["c"], r["optimum"]]
         + [cell(r[k], r["optimum"]) for k in ("boundedloop", "scan", "equinox")]
-        for r in sorted(load("recomputation.json"), key=lambda r: (r["n"], r["c"]))
+        for r in sorted(
+            rows or load("recomputation.json"), key=lambda r: (r["n"], r["c"])
+        )
     ]
     header = ["n", "c", "optimum", "bl.while_loop", "bl.scan", "equinox checkpointed"]
     return page(

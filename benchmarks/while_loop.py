@@ -1,15 +1,12 @@
 """The foundation benchmark: the adaptive-MLP workload, 8 steps taken, at max_steps
 8 .. 4096, for every loop side by side in one process.
 
-    python benchmarks/while_loop.py [--quick] [--out benchmarks/results/while_loop.json]
+    python benchmarks/while_loop.py [--out benchmarks/results/while_loop.json]
 
-Prints markdown tables of ratios (taken within this one run) and writes JSON.
+Writes JSON and prints the docs' tables of ratios (taken within this one run).
 """
 
 import argparse
-import json
-import pathlib
-import platform
 import random
 import statistics
 import time
@@ -19,12 +16,13 @@ import jax
 import jax.numpy as jnp
 from _common import (
     compile_time,
-    EvalCounter,
+    count_evals,
     fori_cond_loop,
     mlp,
     mlp_weights,
     nested_scan_loop,
     temp_bytes,
+    write_results,
 )
 from _format import index, load, nbytes, page, table
 from jax import lax
@@ -33,6 +31,7 @@ import boundedloop as bl
 
 
 TRIPS = 8
+CHECKPOINTS = 8
 MEMORY_BUDGET = 8 * 2**30  # bytes of compiled temporaries we are willing to run
 
 
@@ -94,12 +93,9 @@ def prepare(kind, max_steps, checkpoints, weights, x, forward_only=False):
         else:
             fns["grad_x_s"] = compiled
             fns["grad_w_s"] = compile_time(grad_w, weights, x)[1]
-            counter = EvalCounter()
-            counted = jax.jit(make(kind, max_steps, checkpoints, counter)[1])
-            jax.block_until_ready(counted(weights, x))
-            counter.count = 0
-            jax.block_until_ready(counted(weights, x))
-            row["body_evals_per_grad"] = counter.count
+            row["body_evals_per_grad"] = count_evals(
+                lambda c: make(kind, max_steps, checkpoints, c)[1], (weights, x)
+            )
     return row, fns
 
 
@@ -139,19 +135,10 @@ def time_interleaved(entries, weights, x, rounds):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true", help="fewer max_steps and reps")
-    parser.add_argument("--checkpoints", type=int, default=8)
     parser.add_argument("--out", default="benchmarks/results/while_loop.json")
     args = parser.parse_args()
-    max_steps_list = [8, 64] if args.quick else [8, 64, 256, 1024, 4096]
-    kinds = [
-        "boundedloop",
-        "boundedloop (default checkpoints)",
-        "equinox checkpointed",
-        "equinox bounded",
-        "nested scan+cond",
-        "fori_loop+cond",
-    ]
+    max_steps_list = [8, 64, 256, 1024, 4096]
+    kinds = list(WHY_LOOP_NAMES)
     weights = mlp_weights()
     x = jnp.array([0.5])
     entries = [
@@ -160,9 +147,9 @@ def main():
     ]
     for kind in kinds:
         for m in max_steps_list:
-            entries.append(prepare(kind, m, args.checkpoints, weights, x))
+            entries.append(prepare(kind, m, CHECKPOINTS, weights, x))
             print("compiled", kind, m, flush=True)
-    time_interleaved(entries, weights, x, rounds=5 if args.quick else 30)
+    time_interleaved(entries, weights, x, rounds=30)
     ideal, plain = entries[0][0], entries[1][0]
     rows = [row for row, _ in entries[2:]]
     for row in rows:
@@ -190,47 +177,9 @@ def main():
                 "evals": " / ".join(str(r["body_evals_per_grad"]) for r in mine),
             }
         )
-    lo, hi = max_steps_list[0], max_steps_list[-1]
-    print()
-    print(
-        f"Adaptive MLP, {TRIPS} steps taken, checkpoints={args.checkpoints}; "
-        f"ratios within this run; 'last' is max_steps={hi}, 'first' is {lo}."
-    )
-    print()
-    header = [
-        "loop",
-        f"grad {hi}/{lo}",
-        f"grad/ideal @{lo}",
-        f"grad/ideal @{hi}",
-        f"grad_w/ideal @{hi}",
-        f"fwd/lax.while @{hi}",
-        f"compile {hi}/{lo}",
-        f"temp bytes ({', '.join(map(str, max_steps_list))})",
-        "body evals per grad",
-    ]
-    cells = [list(s.values()) for s in summary]
-    print("\n".join(table(header, cells, left=len(header))))
-    print()
-    print(
-        f"ideal lax.scan: grad {ideal['grad_x_s'] * 1e3:.2f} ms, evals {ideal['body_evals_per_grad']}; "
-        f"lax.while_loop forward {plain['forward_s'] * 1e3:.2f} ms"
-    )
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "machine": platform.platform(),
-                "devices": [str(d) for d in jax.devices()],
-                "checkpoints": args.checkpoints,
-                "ideal": ideal,
-                "lax_while_loop": plain,
-                "rows": rows,
-                "summary": summary,
-            },
-            indent=1,
-        )
-    )
+    data = dict(checkpoints=CHECKPOINTS, ideal=ideal, lax_while_loop=plain)
+    write_results(args.out, **data, rows=rows, summary=summary)
+    print(while_loop_table({**data, "rows": rows, "summary": summary}))
 
 
 # --- the docs' tables (`benchmarks/internal/tables.py` writes them) ---------------------
@@ -246,18 +195,19 @@ WHY_LOOP_NAMES = {
 }
 
 
-def _results():
-    """`while_loop.json`, its `max_steps` in order, and its rows by (kind,
-    max_steps)."""
-    data = load("while_loop.json")
+def _results(data=None):
+    """`data` (by default `while_loop.json`'s), its `max_steps` in order, and its
+    rows by (kind, max_steps)."""
+    data = data or load("while_loop.json")
     sizes = sorted({r["max_steps"] for r in data["rows"]})
     return data, sizes, index(data["rows"], "kind", "max_steps")
 
 
-def while_loop_table() -> str:
+def while_loop_table(data=None) -> str:
     """The gradient-time benchmark as narrow tables: time ratios, then memory and
-    body evaluations for each `max_steps` (the performance page)."""
-    data, sizes, by = _results()
+    body evaluations for each `max_steps` (the performance page); of `data`, by
+    default `while_loop.json`'s."""
+    data, sizes, by = _results(data)
     first, last, summary = sizes[0], sizes[-1], data["summary"]
 
     def columns(*keys):

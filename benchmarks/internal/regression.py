@@ -18,19 +18,21 @@ import importlib
 import importlib.util
 import json
 import pathlib
-import random
-import statistics
-import subprocess
 import sys
-import tempfile
-import time
 
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # benchmarks/
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from _common import euler_step, EvalCounter, mlp, mlp_weights  # noqa: E402
+from _common import (  # noqa: E402
+    count_evals,
+    euler_step,
+    interleaved_medians,
+    mlp,
+    mlp_weights,
+)
+from same_programs import worktree  # noqa: E402
 
 import boundedloop as bl  # noqa: E402
 
@@ -39,13 +41,8 @@ TRIPS = 8
 
 
 def import_revision(rev: str, where: pathlib.Path):
-    """`boundedloop` as of `rev`, imported as the module `boundedloop_<rev>`."""
-    root = pathlib.Path(__file__).resolve().parents[1]
-    subprocess.run(
-        ["git", "-C", str(root), "worktree", "add", "--detach", str(where), rev],
-        check=True,
-        capture_output=True,
-    )
+    """`boundedloop` as of `rev`, checked out at `where`, imported as the module
+    `boundedloop_<rev>`."""
     name = f"boundedloop_{rev.replace('-', '_').replace('~', '_')}"
     spec = importlib.util.spec_from_file_location(
         name,
@@ -175,104 +172,63 @@ def main():
     args = parser.parse_args()
     weights, x = mlp_weights(), jnp.ones((1,))
     buffer_args = (jnp.array(1.1), jnp.linspace(-1.0, 1.0, 256))
-    with tempfile.TemporaryDirectory() as tmp:
-        where = pathlib.Path(tmp) / "old"
+    with worktree(args.rev) as where:
         old = import_revision(args.rev, where)
-        try:
-            libs = {"this tree": bl, args.rev: old}
-            fns, fn_args, evals = {}, {}, {}
-            for name, lib in libs.items():
-                for max_steps in (8, 4096):
-                    forward = make(lib, max_steps, args.checkpoints)
-                    for arg in (0, 1):
-                        key = (name, max_steps, "grad_w" if arg == 0 else "grad_x")
-                        fns[key] = jax.jit(jax.grad(forward, argnums=arg))
-                        jax.block_until_ready(fns[key](weights, x))
-                    counter = EvalCounter()
-                    counted = jax.jit(
-                        jax.grad(make(lib, max_steps, args.checkpoints, counter), 1)
-                    )
-                    jax.block_until_ready(counted(weights, x))
-                    counter.count = 0
-                    jax.block_until_ready(counted(weights, x))
-                    evals[(name, max_steps)] = counter.count
-                for rows in BUFFER_ROWS:
-                    fns[(name, rows, "buffers")] = make_buffers(lib, rows)
-                    fn_args[(name, rows, "buffers")] = buffer_args
-                for c in DIFFRAX_CHECKPOINTS:
-                    key = (name, c, "diffrax")
-                    fns[key], fn_args[key] = make_diffrax(lib, c)
-                for label, (_, make_trick) in TRICKS.items():
-                    key = (name, label, "trick")
-                    fns[key], fn_args[key] = make_trick(lib)
-                for key in fns:
-                    jax.block_until_ready(fns[key](*fn_args.get(key, (weights, x))))
-            samples = {k: [] for k in fns}
-            order = list(fns)
-            rng = random.Random(0)
-            for _ in range(args.rounds):
-                rng.shuffle(order)
-                for k in order:
-                    args_k = fn_args.get(k, (weights, x))
-                    t0 = time.perf_counter()
-                    jax.block_until_ready(fns[k](*args_k))
-                    samples[k].append(time.perf_counter() - t0)
-        finally:
-            subprocess.run(
-                ["git", "worktree", "remove", "--force", str(where)],
-                capture_output=True,
-            )
-    medians = {k: statistics.median(v) for k, v in samples.items()}
-    rows = []
+        fns, fn_args, evals = {}, {}, {}
+        for name, lib in {"this tree": bl, args.rev: old}.items():
+            for max_steps in (8, 4096):
+                forward = make(lib, max_steps, args.checkpoints)
+                for arg, what in enumerate(("grad_w", "grad_x")):
+                    key = (name, max_steps, what)
+                    fns[key] = jax.jit(jax.grad(forward, argnums=arg))
+                    fn_args[key] = (weights, x)
+                    jax.block_until_ready(fns[key](weights, x))
+                evals[(name, max_steps)] = count_evals(
+                    lambda c: jax.grad(make(lib, max_steps, args.checkpoints, c), 1),
+                    (weights, x),
+                )
+            for rows in BUFFER_ROWS:
+                fns[(name, rows, "buffers")] = make_buffers(lib, rows)
+                fn_args[(name, rows, "buffers")] = buffer_args
+            for c in DIFFRAX_CHECKPOINTS:
+                key = (name, c, "diffrax")
+                fns[key], fn_args[key] = make_diffrax(lib, c)
+            for label, (_, make_trick) in TRICKS.items():
+                key = (name, label, "trick")
+                fns[key], fn_args[key] = make_trick(lib)
+            for key in fns:
+                jax.block_until_ready(fns[key](*fn_args[key]))
+        medians = interleaved_medians(fns, fn_args, args.rounds)
     print(
         f"| gradient | max_steps | this tree (ms) | {args.rev} (ms) | ratio | "
         "body evals (this / rev) |"
     )
     print("|---|---:|---:|---:|---:|---:|")
-    for max_steps in (8, 4096):
-        for what in ("grad_x", "grad_w"):
-            new = medians[("this tree", max_steps, what)]
-            prev = medians[(args.rev, max_steps, what)]
-            e_new, e_old = evals[("this tree", max_steps)], evals[(args.rev, max_steps)]
-            rows.append(
-                dict(
-                    gradient=what,
-                    max_steps=max_steps,
-                    new_ms=1e3 * new,
-                    old_ms=1e3 * prev,
-                    ratio=new / prev,
-                    evals_new=e_new,
-                    evals_old=e_old,
-                )
-            )
-            print(
-                f"| {what} | {max_steps} | {1e3 * new:.3f} | {1e3 * prev:.3f} | "
-                f"{new / prev:.3f} | {e_new} / {e_old} |"
-            )
-
-    def add_row(label, key, max_steps, name):
-        new, prev = medians[("this tree", key, name)], medians[(args.rev, key, name)]
-        rows.append(
-            dict(
-                gradient=label,
-                max_steps=max_steps,
-                new_ms=1e3 * new,
-                old_ms=1e3 * prev,
-                ratio=new / prev,
-            )
-        )
-        print(
-            f"| {label} | {max_steps} | {1e3 * new:.3f} | {1e3 * prev:.3f} | "
-            f"{new / prev:.3f} | - |"
-        )
-
-    for m in BUFFER_ROWS:
-        add_row("buffers (M rows)", m, m, "buffers")
+    compared = [  # (label, key, max_steps, kind, body evaluations counted)
+        (what, m, m, what, True) for m in (8, 4096) for what in ("grad_x", "grad_w")
+    ]
+    compared += [("buffers (M rows)", m, m, "buffers", False) for m in BUFFER_ROWS]
     for c in DIFFRAX_CHECKPOINTS:
         label = "CheckpointedAdjoint()" if c is None else f"CheckpointedAdjoint({c})"
-        add_row(f"diffrax neural, {label}", c, 4096, "diffrax")
+        compared.append((f"diffrax neural, {label}", c, 4096, "diffrax", False))
     for label, (max_steps, _) in TRICKS.items():
-        add_row(label, label, max_steps, "trick")
+        compared.append((label, label, max_steps, "trick", False))
+    rows = []
+    for label, key, max_steps, kind, counted in compared:
+        new, prev = medians[("this tree", key, kind)], medians[(args.rev, key, kind)]
+        row = dict(gradient=label, max_steps=max_steps, new_ms=1e3 * new)
+        row.update(old_ms=1e3 * prev, ratio=new / prev)
+        said = "-"
+        if counted:
+            row.update(
+                evals_new=evals[("this tree", key)], evals_old=evals[(args.rev, key)]
+            )
+            said = f"{row['evals_new']} / {row['evals_old']}"
+        rows.append(row)
+        print(
+            f"| {label} | {max_steps} | {1e3 * new:.3f} | {1e3 * prev:.3f} | "
+            f"{new / prev:.3f} | {said} |"
+        )
     if args.out:
         pathlib.Path(args.out).write_text(
             json.dumps({"rev": args.rev, "rounds": args.rounds, "rows": rows}, indent=1)

@@ -26,6 +26,7 @@ as a TPU would get them, and lowers two revisions of the package side by side.
 """
 
 import argparse
+import contextlib
 import functools
 import hashlib
 import inspect
@@ -37,6 +38,28 @@ import tempfile
 
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def git(*args, check=False) -> str:
+    """`git -C ROOT *args`'s output."""
+    run = subprocess.run(
+        ["git", "-C", str(ROOT), *args], capture_output=True, text=True
+    )
+    if check:
+        run.check_returncode()
+    return run.stdout.strip()
+
+
+@contextlib.contextmanager
+def worktree(rev: str):
+    """A git worktree of `rev` in a temporary folder, removed on leaving."""
+    with tempfile.TemporaryDirectory() as where:
+        tree = pathlib.Path(where) / "tree"
+        git("worktree", "add", "--detach", str(tree), rev, check=True)
+        try:
+            yield tree
+        finally:
+            git("worktree", "remove", "--force", str(tree))
 
 
 def programs() -> dict:
@@ -189,43 +212,10 @@ def main():
             digest = hashlib.sha1(text.encode()).hexdigest()[:12]
             print(f"{digest}:{len(text.splitlines())} {name}")
         return
-    with tempfile.TemporaryDirectory() as where:
-        worktree = pathlib.Path(where) / "tree"
-        subprocess.run(
-            [
-                "git",
-                "-C",
-                str(ROOT),
-                "worktree",
-                "add",
-                "--detach",
-                str(worktree),
-                args.rev,
-            ],
-            check=True,
-            capture_output=True,
-        )
-        try:
-            theirs = hashes(worktree, args.off_cpu)
-        finally:
-            subprocess.run(
-                [
-                    "git",
-                    "-C",
-                    str(ROOT),
-                    "worktree",
-                    "remove",
-                    "--force",
-                    str(worktree),
-                ],
-                capture_output=True,
-            )
+    with worktree(args.rev) as tree:
+        theirs = hashes(tree, args.off_cpu)
     ours = hashes(ROOT, args.off_cpu)
-    head = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    head = git("rev-parse", "--short", "HEAD")
     how = " as off a CPU" if args.off_cpu else ""
     lines = [
         f"# lowered programs{how}, this tree ({head}, with its uncommitted changes) "

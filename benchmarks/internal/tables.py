@@ -47,7 +47,7 @@ GENERATORS = {
     "buffer_checks_tpu": made_by("buffer_checks", "checks_table", "tpu"),
     "why_buffers": made_by("buffers", "why_buffers_table"),
     "cheap_steps": made_by("cheap_steps", "cheap_steps_table"),
-    "forward_mode": made_by("forward_mode", "forward_mode_table"),
+    "forward_mode": made_by("cheap_steps", "forward_mode_table"),
     "diffrax_neural": made_by("diffrax_adjoint", "diffrax_table", "neural"),
     "diffrax_long": made_by("diffrax_adjoint", "diffrax_table", "long"),
     "diffrax_wide": made_by("diffrax_adjoint", "diffrax_table", "wide"),
