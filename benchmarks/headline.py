@@ -121,10 +121,6 @@ def _out_of_memory(e) -> dict:
     return dict(needs_gb=float(found[1]), hbm_gb=float(found[2])) if found else {}
 
 
-def _print(row):
-    print(row, flush=True)
-
-
 def gradient_rows(batch, width, rounds) -> list:
     w, x = workload(batch, width)
     pinned = has_pinned_host()
@@ -150,7 +146,7 @@ def gradient_rows(batch, width, rounds) -> list:
             rows.append(row)
             if kind == "scan_offload" and not pinned:
                 row["error"] = NO_PINNED_HOST
-                _print(row)
+                print(row, flush=True)
                 continue
             stage = "trace/lower"
             try:
@@ -171,7 +167,7 @@ def gradient_rows(batch, width, rounds) -> list:
                 jax.block_until_ready(exe(*args))  # warm-up
             except Exception as e:
                 row.update(error=_error(stage, e), **_out_of_memory(e))
-                _print(row)
+                print(row, flush=True)
                 continue
             compiled[key] = exe
         if compiled:
@@ -181,7 +177,7 @@ def gradient_rows(batch, width, rounds) -> list:
             for key, seconds in times.items():
                 case_rows[key]["grad_s"] = seconds
         for key in compiled:
-            _print(case_rows[key])
+            print(case_rows[key], flush=True)
         del compiled
     return rows
 

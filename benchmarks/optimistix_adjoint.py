@@ -103,17 +103,11 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--compiles", type=int, default=5)
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--out", default="benchmarks/results/optimistix_adjoint.json")
     args = parser.parse_args()
     a = jnp.array([1.3, 0.9])
     rng = random.Random(0)
     results = {}
-    print(
-        "| problem | steps | gradient ms: ours / RCA / implicit | ours / RCA "
-        "| ours / implicit | jacfwd ms: ours / implicit "
-        "| compile s: ours / RCA / implicit | ours / RCA |"
-    )
-    print("|---|---:|---|---:|---:|---|---|---:|")
     for problem in PROBLEMS:
         steps, result = steps_taken(problem, a)
         grads = {k: jax.jit(jax.grad(make_loss(problem, k))) for k in ADJOINTS}
@@ -141,27 +135,18 @@ def main():
             compile_seconds=compile_s,
         )
         results[problem] = row
-        ms = lambda d, keys: " / ".join(f"{1e3 * d[k]:.3f}" for k in keys)  # noqa: E731
-        print(
-            f"| {problem} | {steps} | {ms(grad_ms, ADJOINTS)} "
-            f"| {grad_ms['ours'] / grad_ms['RCA']:.2f} "
-            f"| {grad_ms['ours'] / grad_ms['implicit']:.2f} "
-            f"| {ms(fwd_ms, forwards)} "
-            f"| {' / '.join(f'{compile_s[k]:.2f}' for k in ADJOINTS)} "
-            f"| {compile_s['ours'] / compile_s['RCA']:.2f} |",
-            flush=True,
-        )
-    if args.out:
-        write_results(args.out, rounds=args.rounds, compiles=args.compiles, **results)
+        print(problem, row, flush=True)
+    write_results(args.out, rounds=args.rounds, compiles=args.compiles, **results)
+    print(optimistix_adjoint_table(results))
 
 
 # --- the docs' tables (`benchmarks/internal/tables.py` writes them) ---------------------
 
 
-def optimistix_adjoint_table() -> str:
+def optimistix_adjoint_table(data=None) -> str:
     """Gradient, forward mode and compile of optimistix solves with each adjoint
-    (the optimistix guide): two tables."""
-    data = load("optimistix_adjoint.json")
+    (the optimistix guide): two tables; of `data`, by default the results file's."""
+    data = data or load("optimistix_adjoint.json")
     per_call, forward_and_compile = [], []
     for problem, row in data.items():
         if not (isinstance(row, dict) and "steps" in row):

@@ -26,12 +26,11 @@ import argparse
 import os
 import random
 import statistics
-import time
 
 import diffrax
 import jax
 import jax.numpy as jnp
-from _common import clear_caches, interleaved_medians, write_results
+from _common import clear_caches, compile_parts, interleaved_medians, write_results
 from _format import load, page, seconds, table
 
 from boundedloop.diffrax import CheckpointedAdjoint
@@ -84,18 +83,14 @@ def make(name, solver_cls, grad, constant_steps=False):
 
 def compile_seconds(fn, *args):
     clear_caches()
-    t0 = time.perf_counter()
-    lowered = jax.jit(fn).lower(*args)
-    t1 = time.perf_counter()
-    lowered.compile()
-    return t1 - t0, time.perf_counter() - t1
+    return compile_parts(fn, *args)[:2]
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--compiles", type=int, default=5)
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--out", default="benchmarks/results/small_solves.json")
     args = parser.parse_args()
     a = jnp.array([0.7, 0.3])
     results = {"compile": {}, "fixed_cost": {}}
@@ -143,9 +138,8 @@ def main():
             f"| {size} | {1e3 * med['RCA']:.3f} | {1e3 * med['ours']:.3f} "
             f"| {ratio:.2f} |"
         )
-    if args.out:
-        xla_flags = os.environ.get("XLA_FLAGS", "")
-        write_results(args.out, rounds=args.rounds, xla_flags=xla_flags, **results)
+    xla_flags = os.environ.get("XLA_FLAGS", "")
+    write_results(args.out, rounds=args.rounds, xla_flags=xla_flags, **results)
 
 
 # --- the docs' table (`benchmarks/internal/tables.py` writes it) ------------------------
