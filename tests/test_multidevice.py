@@ -67,6 +67,12 @@ def test_unbounded_loop_inside_shard_map(results):
     _check(results, "shard_map_unbounded", 3)
 
 
+def test_memory_budget_inside_shard_map(results):
+    """A `memory=` budget inside `shard_map`: blocks of taped steps, and every step
+    taped, each device with its own trip count."""
+    _check(results, "shard_map_memory", 6)
+
+
 @pytest.mark.parametrize(
     "name, cases",
     [("max_steps_check", 7), ("buffer_checks", 2), ("shard_map_checks", 7)],

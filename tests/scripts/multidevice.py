@@ -181,11 +181,15 @@ def check_jit_buffers(check):
     check.sharding("scan grad x", g[0], rows)
 
 
-def check_shard_map(check, max_steps=MAX_STEPS):
+def check_shard_map(check, max_steps=MAX_STEPS, memory=None):
     """`max_steps=None`: the forward decides its stores in the loop (a bound of
-    `MAX_STEPS` replays a table of them)."""
+    `MAX_STEPS` replays a table of them). `memory`: a budget instead of 3
+    checkpoints (taped blocks, or every step taped)."""
     mesh = AUTO
     name = "shard_map" if max_steps is not None else "shard_map unbounded"
+    if memory is not None:
+        name = f"shard_map memory={memory}"
+    budget = dict(checkpoints=3) if memory is None else dict(memory=memory)
 
     def per_shard(x, w, n):
         # x: this device's (2, 3) rows; n: this device's trip count, shape (1,).
@@ -197,7 +201,7 @@ def check_shard_map(check, max_steps=MAX_STEPS):
 
         carry = (x, jnp.zeros_like(n[0]), jnp.int32(0))
         out = bl.while_loop(
-            lambda c: c[1] < n[0], step, carry, max_steps=max_steps, checkpoints=3
+            lambda c: c[1] < n[0], step, carry, max_steps=max_steps, **budget
         )
         return out[0]
 
@@ -425,6 +429,11 @@ CHECKS = {
     "explicit": check_explicit,
     "shard_map": check_shard_map,
     "shard_map_unbounded": lambda check: check_shard_map(check, None),
+    # blocks of taped steps (300 bytes), and every step taped (1 MB)
+    "shard_map_memory": lambda check: (
+        check_shard_map(check, memory=300),
+        check_shard_map(check, memory="1 MB"),
+    ),
 }
 RAISING = {
     "max_steps_check": check_max_steps_check,
