@@ -13,8 +13,20 @@ from hypothesis import given, settings, strategies as st
 from jax import lax
 
 import boundedloop as bl
+from boundedloop._api import _memory_plan
+from boundedloop._sweeps import _tape
 
 from .helpers import on_host, tree_allclose
+
+
+@pytest.fixture(autouse=True)
+def _costly_steps(monkeypatch, request):
+    """This file's small steps are cheap, and a budget stores a cheap step every step
+    where it can rather than taping it: here they are planned as costly ones, so
+    that the tape's paths are what is tested (`test_cheap_steps_are_stored` aside)."""
+    if "cheap" not in request.node.name:
+        for module in (_tape, _memory_plan):
+            monkeypatch.setattr(module, "is_cheap", lambda body: False)
 
 
 D, MAX_STEPS = 6, 24
@@ -154,6 +166,16 @@ def test_transforms_compose_with_a_budget(memory):
     ]
     for transform, reference in cases:
         assert tree_allclose(transform(ours), transform(reference), rtol=1e-4)
+
+
+def test_cheap_steps_are_stored():
+    """A cheap step, with a budget for `max_steps` copies of the carry, is stored
+    every step (each reversed step evaluated once more), not taped."""
+    plan = _plan(MAX_STEPS * CARRY)
+    assert (plan.checkpoints, plan.tape_steps) == (MAX_STEPS, 0)
+    assert plan.body_evaluations(9) == 18
+    got = jax.grad(_loss, (0, 1))(W0, X0, 9, memory=MAX_STEPS * CARRY)
+    assert tree_allclose(got, jax.grad(_reference, (0, 1))(W0, X0, 9), rtol=1e-4)
 
 
 def test_scan_with_every_step_taped_is_a_stored_scan():

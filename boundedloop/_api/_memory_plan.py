@@ -7,6 +7,7 @@ from typing import Any
 import equinox as eqx
 import jax.tree_util as jtu
 
+from .._sweeps._cost_model import is_cheap
 from .._sweeps._schedule import gradient_evaluations
 from .._sweeps._step import ReversibleStep
 from .._sweeps._tape import carry_bytes, plan, TapedStep
@@ -109,7 +110,8 @@ def memory_plan(
     perturbed = perturbed_leaves(loop.body, consts, initial, loop.layout)
     step = ReversibleStep(loop.body, loop.layout, wanted_body, perturbed)
     taped = TapedStep(step, loop.init, loop.bufs)
-    slots, steps = plan(memory, size, taped.bytes_per_step, max_steps)
+    cheap = is_cheap(loop.body)
+    slots, steps = plan(memory, size, taped.bytes_per_step, max_steps, cheap)
     return MemoryPlan(
         checkpoints=slots,
         tape_steps=steps,
