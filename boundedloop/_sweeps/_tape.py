@@ -159,7 +159,7 @@ def plan(
     - A cheap step is stored every step where `max_steps` carry copies fit: reading
       its residuals back costs about what evaluating it again does (on a CPU, width
       32, n=1000 of 1000: every step taped 1.10 times `lax.scan`, every step
-      stored 1.07; `benchmarks/results/memory_curve_cpu_cheap.json`).
+      stored 1.07; `docs/design-notes.md`, "How a memory budget is split").
     - Every step is taped by the forward sweep when `max_steps` rows and one carry
       copy fit: the gradient is then a stored scan (no step evaluated twice).
     - Otherwise the reverse sweep reverses blocks of `tape_steps` steps
