@@ -17,7 +17,6 @@ from .._tracing._loop import Perturbed
 from .._tracing._perturbation import perturbed_leaves
 from .._tracing._trace import trace_loop
 from ._arguments import (
-    check_checkpoints,
     check_max_steps,
     check_memory,
     checkpoints_within,
@@ -95,7 +94,6 @@ def memory_plan(
     name = "bl.memory_plan"
     max_steps = check_max_steps(max_steps, name)
     memory = check_memory(memory, None, name)
-    check_checkpoints(None, max_steps, name)
     init_val, buffers, lent = lend_buffers(init_val, buffers)
     loop = trace_loop(
         cond_fun, body_fun, init_val, buffers, name=name, gate=lent_gate(lent)
