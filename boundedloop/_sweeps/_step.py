@@ -100,10 +100,11 @@ class ReversibleStep:
         """The step at `x`, linearized: `pullback(ct_x') -> (ct_body, ct_x,
         updates)`, with `ct_x` for the perturbed leaves of `x`. `updates`, a
         `BufferUpdates`, says how the buffers' cotangents change, for
-        `apply_updates` (below): cleared where the step wrote (those values did not exist
-        before), added to where it read, replaced for buffers handed to an inner
-        loop. They are returned rather than applied so that the caller can apply
-        them outside any `lax.cond`, keeping the buffer-sized cotangents in place."""
+        `apply_updates` (below): cleared where the step wrote (those values did
+        not exist before), added to where it read, replaced for buffers handed to
+        an inner loop. They are returned rather than applied so that the caller
+        can apply them outside any `lax.cond`, keeping the buffer-sized cotangents
+        in place."""
         _, _, residuals = self.linearize(x, bufs)
         return self.pullback(residuals, ct_bufs, active)
 
