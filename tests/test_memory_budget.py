@@ -271,3 +271,21 @@ def test_adapters_refuse_both():
         with pytest.raises(ValueError, match="not both"):
             adjoint(checkpoints=4, memory="1 GiB")
         adjoint(memory="1 GiB")
+
+
+def test_unbounded_loop_with_a_budget():
+    """`max_steps=None`: no full tape is possible, so blocks from half the budget."""
+
+    def loss(w, x0, n):
+        def body(c):
+            return _step(w, c[0]), c[1] + 1
+
+        init = (x0, 0)
+        x, _ = bl.while_loop(
+            lambda c: c[1] < n, body, init, max_steps=None, memory=3 * CARRY + 4 * ROW
+        )
+        return jnp.sum(x**3)
+
+    for n in [5, 40]:
+        got = jax.grad(loss, (0, 1))(W0, X0, n)
+        assert tree_allclose(got, jax.grad(_reference, (0, 1))(W0, X0, n), rtol=1e-4)
