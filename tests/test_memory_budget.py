@@ -107,6 +107,8 @@ def test_plan_splits_the_budget():
     assert c * rows >= MAX_STEPS  # blocks a checkpoint apart cover the loop
     assert (c - 1) * CARRY + -(-MAX_STEPS // (c - 1)) * ROW > memory  # fewest
     assert rows == (memory - c * CARRY) // ROW
+    # stored a block apart, each block starts at a checkpoint: nothing is advanced
+    assert all(short.body_evaluations(n) == 2 * n for n in [1, 11, 17, MAX_STEPS])
     uncovered = 4 * CARRY + 4 * ROW
     assert _plan(uncovered).tape_steps == (uncovered // 2) // ROW
     assert _plan(CARRY + ROW).tape_steps == 0  # below two rows

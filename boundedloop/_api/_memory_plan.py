@@ -10,6 +10,7 @@ import jax.tree_util as jtu
 from .._sweeps._cost_model import is_cheap
 from .._sweeps._schedule import gradient_evaluations
 from .._sweeps._step import ReversibleStep
+from .._sweeps._store_rules import uniform_positions
 from .._sweeps._tape import carry_bytes, plan, TapedStep
 from .._tracing._buffers import lend_buffers, lent_gate
 from .._tracing._dtypes import is_inexact
@@ -57,8 +58,10 @@ class MemoryPlan:
         steps: each step forward once, the untaped ones once more for their
         vector-Jacobian product, and the recomputation from the checkpoints."""
         every = self.max_steps is not None and self.tape_steps >= self.max_steps
+        block = 0 if every else self.tape_steps
+        uniform = uniform_positions(self.checkpoints, block, self.max_steps)
         count = gradient_evaluations(
-            steps, self.checkpoints, self.tape_steps, self.known_length, every
+            steps, self.checkpoints, self.tape_steps, self.known_length, every, uniform
         )
         return count + int(self.evaluates_shared_residuals and steps > 0)
 

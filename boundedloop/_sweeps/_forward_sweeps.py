@@ -192,7 +192,9 @@ def checkpointed_sweep(
     meter = _progress.start(max_steps)  # None unless `bl.progress_meter` is on
     rows = [jax.ShapeDtypeStruct((slots, *x.shape), x.dtype) for x in loop.init]
     in_order = _cost_model.runs_in_order(body, slots, max_steps, (rows, loop.bufs))
-    rule = store_rule(slots, max_steps, config.known_length, in_order)
+    # a reverse sweep in taped blocks wants its checkpoints a block apart
+    block = 0 if config.tapes_every_step else config.tape_steps
+    rule = store_rule(slots, max_steps, config.known_length, in_order, block)
 
     # the carry: `stepping = (t, x, bufs, trips, tape)` and `_Stores`
     taped = tape = None

@@ -248,8 +248,11 @@ def _block_advances(positions, n: int, slots: int, steps: int) -> int:
     return count
 
 
-def _placement(n: int, slots: int, known_length: bool) -> list[int]:
-    """The positions the forward sweep of an `n`-step loop leaves stored."""
+def _placement(n: int, slots: int, known_length: bool, uniform=()) -> list[int]:
+    """The positions the forward sweep of an `n`-step loop leaves stored: those of
+    `uniform` below `n` (where the rule stores a block apart), or the rule's."""
+    if uniform:
+        return [p for p in uniform if p < max(n, 1)]
     if known_length:
         return offline_placement(n, slots)
     held = {}
@@ -264,15 +267,18 @@ def gradient_evaluations(
     tape_steps: int = 0,
     known_length: bool = False,
     every_step_taped: bool = False,
+    uniform=(),
 ) -> int:
     """Body evaluations in one gradient of an `n`-step loop with `slots` slots and a
     tape of `tape_steps` rows: `n` forward; with every step taped, nothing more;
     with a tape of blocks, each step once more to tape it and the advances to each
     block (`_block_advances`); without a tape, each step once more for its
-    vector-Jacobian product plus the recomputation from the checkpoints."""
+    vector-Jacobian product plus the recomputation from the checkpoints.
+    `uniform`: the positions a rule storing a block apart gives
+    (`_store_rules.uniform_positions`), if it does."""
     if n == 0 or every_step_taped:
         return n
-    positions = _placement(n, slots, known_length)
+    positions = _placement(n, slots, known_length, uniform)
     if tape_steps:
         return 2 * n + _block_advances(positions, n, slots, tape_steps)
     bounds = positions + [n]

@@ -211,15 +211,31 @@ def _table(slots: int, length: int, known_length: bool):
     return steps, slot_ids
 
 
+def uniform_positions(slots: int, block: int, max_steps: int | None) -> list[int]:
+    """Where a loop reversed in blocks of `block` steps stores, when `slots`
+    checkpoints a block apart cover `max_steps` (else `[]`): every `block` steps,
+    so that each block starts at a checkpoint and is never advanced to."""
+    if not block or max_steps is None or slots * block < max_steps:
+        return []
+    return [k * block for k in range(slots) if k * block < max(max_steps, 1)]
+
+
 def store_rule(
-    slots: int, max_steps: int | None, known_length: bool, in_order: bool = False
+    slots: int,
+    max_steps: int | None,
+    known_length: bool,
+    in_order: bool = False,
+    block: int = 0,
 ):
     """The rule of a checkpointed forward sweep; `None` when every step is stored
     (`slots >= max_steps`). `in_order` (see `_cost_model.runs_in_order`): a loop
     whose arrays are all small computes its rule rather than read a table, which
-    is one large array."""
+    is one large array. `block`: the reverse sweep's blocks of taped steps (0:
+    none), stored a block apart where that covers the loop (`uniform_positions`)."""
     if max_steps is not None and slots >= max_steps:
         return None
+    if uniform := uniform_positions(slots, block, max_steps):
+        return TableRule(np.asarray(uniform), np.arange(len(uniform)))
     if known_length or slots <= 1:  # a scan; or only `x_0` is stored
         return TableRule(*_table(slots, max_steps or 0, known_length))
     if max_steps is not None and max_steps <= TABLE_STEPS and not in_order:
