@@ -183,6 +183,7 @@ def cheap(out_file):
         ("checkpoints=16", "bl", dict(checkpoints=16)),
         ("checkpoints=40", "bl", dict(checkpoints=40)),
         (f"memory={ckscan_temp} B (ckscan40's)", "bl", dict(memory=ckscan_temp)),
+        ("memory=30 kB (blocks that cover max_steps)", "bl", dict(memory=30_000)),
         ("memory=1 GB (every step fits)", "bl", dict(memory=everything)),
     ]
     case(rows, n, max_steps, variants, 21, W, x, _cheap_step)
