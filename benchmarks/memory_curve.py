@@ -169,7 +169,7 @@ def main():
 
 
 def cheap(out_file):
-    """The small body on a CPU, against the stored scan, in 21 interleaved rounds."""
+    """The small body on a CPU, against the stored scan, in 101 interleaved rounds."""
     D, n, max_steps = 32, 1000, 4000
     W = jax.random.normal(jax.random.key(0), (D, D), jnp.float32) / 6
     x = jnp.ones(D, jnp.float32)
@@ -186,7 +186,7 @@ def cheap(out_file):
         ("memory=30 kB (blocks that cover max_steps)", "bl", dict(memory=30_000)),
         ("memory=1 GB (every step fits)", "bl", dict(memory=everything)),
     ]
-    case(rows, n, max_steps, variants, 21, W, x, _cheap_step)
+    case(rows, n, max_steps, variants, 101, W, x, _cheap_step)
     scan = next(r["grad_s"] for r in rows if r["variant"] == "scan")
     for r in rows:
         print(f"{r['variant']:40s} {r['grad_s'] / scan:5.2f}x  {r['temp_bytes']:>9d} B")
