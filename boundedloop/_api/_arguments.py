@@ -10,6 +10,18 @@ import jax
 from .._sweeps._schedule import default_checkpoints, INT32_MAX
 
 
+def check_callables(cond_fun, body_fun, buffers, name: str):
+    """A clear error where a function argument of a loop is not callable."""
+    for arg, fn in [("cond_fun", cond_fun), ("body_fun", body_fun)]:
+        if not callable(fn):
+            raise TypeError(f"`{name}` needs `{arg}` to be callable, got {fn!r}.")
+    if buffers is not None and not callable(buffers):
+        raise TypeError(
+            f"`{name}` needs `buffers` to be a function `carry -> node(s)`, got "
+            f"{buffers!r}."
+        )
+
+
 def check_max_steps(max_steps: Any, name: str) -> int | None:
     """`max_steps` as a Python int (or `None`), or a clear error."""
     if max_steps is None:

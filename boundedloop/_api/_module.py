@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool
 
 from .._runtime._checks import caller_level
+from ._arguments import check_callables
 from ._captured_arrays import hoist_arrays, static_closures
 from ._stats import LoopStats
 from ._while_loop import while_loop
@@ -214,13 +215,7 @@ class Loop(LoopModule):
         *,
         buffers: Callable | None = None,
     ):
-        for name, fn in [("cond_fun", cond_fun), ("body_fun", body_fun)]:
-            if not callable(fn):
-                raise TypeError(f"`bl.Loop` needs `{name}` to be callable, got {fn!r}.")
-        if buffers is not None and not callable(buffers):
-            raise TypeError(
-                f"`bl.Loop` needs `buffers` to be callable, got {buffers!r}."
-            )
+        check_callables(cond_fun, body_fun, buffers, "bl.Loop")
         # captured arrays become leaves, so they are traced and differentiated
         self.cond_fun = hoist_arrays(cond_fun)
         self.body_fun = hoist_arrays(body_fun)

@@ -22,6 +22,7 @@ from .._tracing._loop import LoopConfig
 from .._tracing._read_ahead import warn_reads_ahead
 from .._tracing._trace import trace_loop
 from ._arguments import (
+    check_callables,
     check_checkpoints,
     check_max_steps,
     check_memory,
@@ -144,18 +145,6 @@ def while_loop(
     )
 
 
-def _check_callables(cond_fun, body_fun, buffers, name: str):
-    """A clear error where a function argument is not callable."""
-    for arg, fn in [("cond_fun", cond_fun), ("body_fun", body_fun)]:
-        if not callable(fn):
-            raise TypeError(f"`{name}` needs `{arg}` to be callable, got {fn!r}.")
-    if buffers is not None and not callable(buffers):
-        raise TypeError(
-            f"`{name}` needs `buffers` to be a function `carry -> node(s)`, got "
-            f"{buffers!r}."
-        )
-
-
 def run_loop(
     cond_fun,
     body_fun,
@@ -173,7 +162,7 @@ def run_loop(
 
     With `stats`, returns `(final carry, LoopStats)`: the loop runs on a `Counted`
     carry (see `_stats`) that the user's functions never see."""
-    _check_callables(cond_fun, body_fun, buffers, name)
+    check_callables(cond_fun, body_fun, buffers, name)
     max_steps = check_max_steps(max_steps, name)
     memory = check_memory(memory, checkpoints, name)
     checkpoints = check_checkpoints(checkpoints, max_steps, name)
