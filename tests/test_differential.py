@@ -7,7 +7,7 @@ values from XLA (`boundedloop/_shard_map.opaque_counters`). These tests hold tha
 whatever backend runs them:
 
 - one body of the miscompiled kind through every transform, at several checkpoint
-  settings, with and without `buffers=`, against the same transform of an unrolled
+  counts and `memory=` budgets, with and without `buffers=`, against the same transform of an unrolled
   Python loop (no loop for XLA to simplify) computed on the host CPU backend;
 - the lowered program of every kind of loop we emit carries no carried counter whose
   initial value XLA knows (a check that needs no accelerator);
@@ -32,6 +32,9 @@ from hypothesis import given, Phase, settings, strategies as st
 from jax import lax
 
 import boundedloop as bl
+
+from boundedloop._api import _memory_plan
+from boundedloop._sweeps import _tape
 
 from .helpers import counters_known_to_xla, on_host, tree_allclose
 
@@ -59,17 +62,38 @@ def unrolled(x):
     return buf
 
 
-def ours(checkpoints, buffers):
+# How the gradient stores the carry: counts, and budgets in bytes that buy (for this
+# carry of 80 bytes, or 8 with `buffers=`, and a tape row of 57 or 58 bytes, with
+# steps planned as costly by `_costly_steps`) only checkpoints (or, with buffers,
+# blocks), blocks between checkpoints, and a tape of every step (`bl.memory_plan`)
+SETTINGS = {
+    "1": dict(checkpoints=1),
+    "2": dict(checkpoints=2),
+    "None": dict(checkpoints=None),
+    "150B": dict(memory=150),
+    "300B": dict(memory=300),
+    "1000B": dict(memory=1000),
+}
+
+
+@pytest.fixture(autouse=True)
+def _costly_steps(monkeypatch):
+    """A budget stores this file's cheap steps every step rather than taping them
+    (`_tape.plan`): planned as costly, its budgets take the tape's paths."""
+    for module in (_tape, _memory_plan):
+        monkeypatch.setattr(module, "is_cheap", lambda body: False)
+
+
+def ours(setting, buffers):
+    """`body`'s loop, its gradient stored as `setting` says: a checkpoint count, or
+    a key of `SETTINGS`."""
+    kwargs = SETTINGS[setting] if isinstance(setting, str) else dict(checkpoints=setting)
+
     def rows(x):
         init = (x, jnp.zeros((ROWS, 3)), jnp.array(0), jnp.array(STEPS))
-        kwargs = dict(buffers=lambda c: c[1]) if buffers else {}
+        lent = dict(buffers=lambda c: c[1]) if buffers else {}
         out = bl.while_loop(
-            lambda c: c[2] < c[3],
-            body,
-            init,
-            max_steps=ROWS,
-            checkpoints=checkpoints,
-            **kwargs,
+            lambda c: c[2] < c[3], body, init, max_steps=ROWS, **kwargs, **lent
         )
         return out[1]
 
@@ -94,12 +118,12 @@ TRANSFORMS = {
 
 
 @pytest.mark.parametrize("buffers", [False, True], ids=["carry", "buffers"])
-@pytest.mark.parametrize("checkpoints", [1, 2, None])
+@pytest.mark.parametrize("setting", list(SETTINGS))
 @pytest.mark.parametrize("transform", list(TRANSFORMS))
-def test_reads_the_row_written_before(transform, checkpoints, buffers):
+def test_reads_the_row_written_before(transform, setting, buffers):
     apply = TRANSFORMS[transform]
     expected = on_host(lambda: apply(unrolled))()
-    got = apply(ours(checkpoints, buffers))
+    got = apply(ours(setting, buffers))
     # float32 through 4 tanh steps (and their derivatives): a wrong row read gives
     # errors of 1e-1, rounding about 1e-6
     assert tree_allclose(np.asarray(got), np.asarray(expected), rtol=1e-4, atol=1e-4)
@@ -172,6 +196,8 @@ LOOP_KINDS = {
     "grad": jax.grad(_sum_squares(ours(2, False))),
     "grad_buffers": jax.grad(_sum_squares(ours(1, True))),
     "grad_unbounded": jax.grad(_sum_squares(_unbounded)),
+    "grad_blocks": jax.grad(_sum_squares(ours("300B", False))),
+    "grad_tape_buffers": jax.grad(_sum_squares(ours("1000B", True))),
     "jvp": lambda x: jax.jvp(ours(None, True), (x,), (x,))[1],
     "vmap_grad_batched_stop": jax.grad(_sum_squares(_batched_stop)),
     "hessian": jax.hessian(_sum_squares(ours(2, True))),
@@ -358,6 +384,7 @@ class Program(NamedTuple):
     steps: int  # the natural trip count
     max_steps: int | None
     checkpoints: int | None
+    memory: int | None  # bytes (then `checkpoints` is None)
     buffers: bool
 
 
@@ -421,6 +448,7 @@ def _fuzz_loop(program: Program, on_lax: bool):
                 init,
                 max_steps=bound,
                 checkpoints=program.checkpoints,
+                memory=program.memory,
                 **kwargs,
             )
         return jnp.concatenate([out[0], out[1].ravel()])
@@ -506,13 +534,15 @@ def programs(draw):
             max_size=2,
         )
     )
+    memory = draw(st.sampled_from([None, None, 150, 300, 1000]))
     return Program(
         reads=tuple(reads),
         update=draw(st.sampled_from(["tanh", "sin"])),
         scale_at=draw(st.integers(-1, ROWS - 1)),
         steps=draw(st.integers(0, ROWS)),
         max_steps=draw(st.one_of(st.none(), st.integers(0, ROWS))),
-        checkpoints=draw(st.one_of(st.none(), st.integers(1, 3))),
+        checkpoints=None if memory else draw(st.one_of(st.none(), st.integers(1, 3))),
+        memory=memory,
         buffers=buffers,
     )
 
