@@ -32,7 +32,6 @@ from hypothesis import given, Phase, settings, strategies as st
 from jax import lax
 
 import boundedloop as bl
-
 from boundedloop._api import _memory_plan
 from boundedloop._sweeps import _tape
 
@@ -87,7 +86,9 @@ def _costly_steps(monkeypatch):
 def ours(setting, buffers):
     """`body`'s loop, its gradient stored as `setting` says: a checkpoint count, or
     a key of `SETTINGS`."""
-    kwargs = SETTINGS[setting] if isinstance(setting, str) else dict(checkpoints=setting)
+    kwargs = (
+        SETTINGS[setting] if isinstance(setting, str) else dict(checkpoints=setting)
+    )
 
     def rows(x):
         init = (x, jnp.zeros((ROWS, 3)), jnp.array(0), jnp.array(STEPS))
