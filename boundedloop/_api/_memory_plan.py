@@ -14,7 +14,7 @@ from .._sweeps._store_rules import uniform_positions
 from .._sweeps._tape import carry_bytes, plan, TapedStep
 from .._tracing._buffers import lend_buffers, lent_gate
 from .._tracing._dtypes import is_inexact
-from .._tracing._loop import Perturbed
+from .._tracing._loop import LoopConfig, Perturbed
 from .._tracing._perturbation import perturbed_leaves
 from .._tracing._trace import trace_loop
 from ._arguments import (
@@ -57,11 +57,20 @@ class MemoryPlan:
         """The body evaluations of one gradient of the loop when it takes `steps`
         steps: each step forward once, the untaped ones once more for their
         vector-Jacobian product, and the recomputation from the checkpoints."""
-        every = self.max_steps is not None and self.tape_steps >= self.max_steps
+        config = LoopConfig(
+            self.max_steps, self.checkpoints, tape_steps=self.tape_steps
+        )
+        every = config.tapes_every_step
         block = 0 if every else self.tape_steps
         uniform = uniform_positions(self.checkpoints, block, self.max_steps)
         count = gradient_evaluations(
-            steps, self.checkpoints, self.tape_steps, self.known_length, every, uniform
+            steps,
+            self.checkpoints,
+            self.tape_steps,
+            self.known_length,
+            every,
+            uniform,
+            ring=config.forward_tapes,
         )
         return count + int(self.evaluates_shared_residuals and steps > 0)
 

@@ -180,8 +180,8 @@ def checkpointed_sweep(
     `perturbed`, optional, one bool per carry leaf, lets the storage pack floating
     scalars by whether they are perturbed (see `_checkpoint_store.empty`).
     `taped_step`, optional, `loop`'s step as a `ReversibleStep`: where
-    `config.tapes_every_step`, each step is linearized and its residuals kept
-    (`_tape`), for the reverse sweep.
+    `config.forward_tapes`, each step is linearized and its residuals kept
+    (`_tape`, row `t % tape_steps`), for the reverse sweep.
 
     **Returns:**
 
@@ -198,7 +198,7 @@ def checkpointed_sweep(
 
     # the carry: `stepping = (t, x, bufs, trips, tape)` and `_Stores`
     taped = tape = None
-    if taped_step is not None and config.tapes_every_step:
+    if taped_step is not None and config.forward_tapes:
         taped = _tape.TapedStep(taped_step, loop.init, loop.bufs)
         tape = taped.empty(config.tape_steps)
     going, step = _stepping(loop, body, max_steps, meter, taped)

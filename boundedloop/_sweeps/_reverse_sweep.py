@@ -276,16 +276,15 @@ def reverse_segment(sw: Sweep, state: ReverseState) -> ReverseState:
     return state
 
 
-def _reversing_from(sw: Sweep, taped, tape, first):
+def _reversing_from(sw: Sweep, taped, tape):
     """One iteration of a loop that reverses taped steps: step `end - 1`, from its
-    row of `tape` (which holds step `first` in row 0). `taped` is the
-    `(TapedStep, invariants)` pair."""
+    row of `tape`. `taped` is the `(TapedStep, invariants)` pair."""
     step, invariants = taped
 
     def reverse_one(state: ReverseState) -> ReverseState:
         i = state.end - 1
         active = i < sw.tape.trips
-        row = _tape.read(tape, i - first)
+        row = _tape.read(tape, i)
         pullback = step.pullback(row, invariants, state.ct_bufs, active)
         return _reverse(sw, state, i, pullback, active)
 
@@ -302,21 +301,25 @@ def _taped_step(sw: Sweep, state: ReverseState):
 def reverse_taped(sw: Sweep, state: ReverseState) -> ReverseState:
     """Every step reversed from the forward sweep's tape (`_tape`), last first,
     none evaluated: the gradient of a stored scan."""
-    reverse_one = _reversing_from(sw, _taped_step(sw, state), sw.tape.tape, 0)
+    reverse_one = _reversing_from(sw, _taped_step(sw, state), sw.tape.tape)
     return varying_while_loop(_steps_left, reverse_one, state)
 
 
-def reverse_blocks(sw: Sweep, state: ReverseState, steps: int) -> ReverseState:
+def reverse_blocks(
+    sw: Sweep, state: ReverseState, steps: int, ring: _tape.Tape | None = None
+) -> ReverseState:
     """The whole reverse sweep in blocks of up to `steps` steps, last first. For
     each: recompute from the top checkpoint to the block's first input (storing
     where the binomial schedule says, as for a single step), recompute the block
-    once more taping each step's residuals (`_tape`), and reverse it from the
-    tape. Each step is evaluated twice after the forward sweep, plus the
-    schedule's advance to each block."""
+    once more taping each step's residuals (`_tape`, step `t` in row
+    `t % steps`), and reverse it from the tape. Each step is evaluated twice
+    after the forward sweep, plus the schedule's advance to each block. `ring`:
+    the forward sweep's tape of its last `steps` steps, if it kept one; the last
+    block is reversed from it, none of its steps evaluated again."""
     taped = _taped_step(sw, state)
 
     def block(carry):
-        state, tape = carry
+        state, tape, in_ring = carry
         top = jnp.maximum(state.stack.depth - 1, 0)
         start = jnp.maximum(state.end - steps, state.stack.order_pos[top])
         at = recompute(sw, start + 1, state.stack)  # `x_start`, from the top
@@ -326,24 +329,30 @@ def reverse_blocks(sw: Sweep, state: ReverseState, steps: int) -> ReverseState:
             active = j < sw.tape.trips
             new_x, _, row = taped[0].forward(x, sw.tape.bufs, active)
             x = select_if_batched(active, new_x, x)
-            return j + 1, x, _tape.write(tape, j - start, row)
+            return j + 1, x, _tape.write(tape, j, row)
 
+        first = jnp.where(in_ring, state.end, start)  # the ring's steps: none
         _, _, tape = varying_while_loop(
-            lambda c: c[0] < state.end, tape_one, (start, at.x, tape)
+            lambda c: c[0] < state.end, tape_one, (first, at.x, tape)
         )
 
         state = varying_while_loop(
             lambda s: (s.end > start) | (s.stack.depth < 0),
-            _reversing_from(sw, taped, tape, start),
+            _reversing_from(sw, taped, tape),
             state._replace(stack=at.stack),
         )
         # drop the top checkpoint once its segment is done
         depth, order_pos, storage = state.stack
         top = jnp.maximum(depth - 1, 0)
         depth = depth - (state.end == order_pos[top]).astype(jnp.int32)
-        return state._replace(stack=Stack(depth, order_pos, storage)), tape
+        return (
+            state._replace(stack=Stack(depth, order_pos, storage)),
+            tape,
+            jnp.asarray(False),
+        )
 
-    carry = (state, taped[0].empty(steps))
+    tape = taped[0].empty(steps) if ring is None else ring
+    carry = (state, tape, jnp.asarray(ring is not None))
     return varying_while_loop(lambda c: _steps_left(c[0]), block, carry)[0]
 
 
@@ -402,10 +411,13 @@ def reverse_sweep(
     meter = _progress.start(config.max_steps, reverse=True)  # None unless metered
     # (a tape made by a step that differentiates other leaves, as the first-order
     # sweep's under `grad` of `grad`, holds other residuals: not read here)
-    if tape.tape is not None and tape.tape.key == step.key:
+    forward_tape = (
+        tape.tape if tape.tape is not None and tape.tape.key == step.key else None
+    )
+    if forward_tape is not None and config.tapes_every_step:
         state = reverse_taped(sweep, state)
     elif config.tape_steps and not config.tapes_every_step:
-        state = reverse_blocks(sweep, state, config.tape_steps)
+        state = reverse_blocks(sweep, state, config.tape_steps, forward_tape)
     elif sweep.one_loop and not sweep.every_step_stored:
         state = reverse_driven(sweep, state, meter, tape.length)
     else:

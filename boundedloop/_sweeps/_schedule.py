@@ -268,6 +268,7 @@ def gradient_evaluations(
     known_length: bool = False,
     every_step_taped: bool = False,
     uniform=(),
+    ring: bool = False,
 ) -> int:
     """Body evaluations in one gradient of an `n`-step loop with `slots` slots and a
     tape of `tape_steps` rows: `n` forward; with every step taped, nothing more;
@@ -275,12 +276,15 @@ def gradient_evaluations(
     block (`_block_advances`); without a tape, each step once more for its
     vector-Jacobian product plus the recomputation from the checkpoints.
     `uniform`: the positions a rule storing a block apart gives
-    (`_store_rules.uniform_positions`), if it does."""
+    (`_store_rules.uniform_positions`), if it does. `ring`: the forward sweep
+    tapes its last `tape_steps` steps, and the last block is not taped again."""
     if n == 0 or every_step_taped:
         return n
     positions = _placement(n, slots, known_length, uniform)
     if tape_steps:
-        return 2 * n + _block_advances(positions, n, slots, tape_steps)
+        last_block = n - max(n - tape_steps, max(positions, default=0))
+        again = n - last_block if ring else n
+        return n + again + _block_advances(positions, n, slots, tape_steps)
     bounds = positions + [n]
     extra = sum(
         _revolve_cost(bounds[j + 1] - bounds[j], slots - j)

@@ -121,11 +121,13 @@ class ReversibleStep:
         reads, so that a taped step (`_tape`) is reversed without evaluating it."""
         return lambda ct: self._pullback(*residuals, ct, ct_bufs, active)
 
-    def linearize(self, x, bufs, active=True):
+    def linearize(self, x, bufs, active=True, policy=None):
         """`(x', bufs', residuals)`: the step at `x` (its result `x'`, the buffers
         after its writes, made only where `active`), and what its pullback reads:
         `residuals = (vjp_fn, access)`, its `jax.vjp` in the perturbed leaves (a
-        tree whose leaves are its residual arrays) and where it wrote and read."""
+        tree whose leaves are its residual arrays) and where it wrote and read.
+        `policy`: a `jax.checkpoint` policy naming the values the residuals keep;
+        the pullback computes the others again from them (`None`: all kept)."""
         diff_x, static_x = eqx.partition(x, self.perturbed.x)
         stand_ins = self.layout.read_stand_ins()
 
@@ -154,6 +156,8 @@ class ReversibleStep:
             diff_out = eqx.filter(out.x, self.perturbed.x)
             return (diff_out, values, dense_out), (access, unperturbed, out.bufs)
 
+        if policy is not None:
+            f = jax.checkpoint(f, policy=policy, prevent_cse=False)
         float_stand_ins = tuple(stand_ins[k] for k in self.float_reads)
         dense_bufs = tuple(bufs[leaf] for leaf in self.dense)
         (diff_out, _, _), vjp_fn, (access, unperturbed, new_bufs) = jax.vjp(

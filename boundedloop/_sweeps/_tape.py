@@ -38,6 +38,25 @@ def _varying_outputs(jaxpr) -> list[bool]:
     return [not isinstance(v, Literal) and v in depends for v in jaxpr.outvars]
 
 
+# elementwise operations (and moves of data within an array): a tape keeps their
+# inputs, not their results, and the pullback computes the results again, as XLA
+# would fuse them into their consumers (for `tanh(y @ W)`, a row holds `y` and
+# `y @ W`, not also `tanh`'s result and derivative)
+RECOMPUTED = frozenset(
+    """abs acos acosh add and asin asinh atan atan2 atanh broadcast_in_dim cbrt ceil
+    clamp convert_element_type copy copy_p cos cosh div eq erf erf_inv erfc exp exp2
+    expm1 floor ge gt imag integer_pow is_finite le log log1p logistic lt max min mul
+    ne neg nextafter not or pow real reduce_precision rem reshape round rsqrt
+    select_n sign sin sinh sqrt square squeeze sub tan tanh transpose xor""".split()
+)
+
+
+def kept(primitive, *_, **__) -> bool:
+    """The `jax.checkpoint` policy of a tape: keep every value but those of the
+    operations in `RECOMPUTED`."""
+    return primitive.name not in RECOMPUTED
+
+
 class TapedStep:
     """A `ReversibleStep` whose residuals are taped.
 
@@ -50,10 +69,14 @@ class TapedStep:
 
     def __init__(self, step: ReversibleStep, x, bufs):
         self.step = step
+        # a body with effects (a `jax.debug.callback`, say) keeps every value, so
+        # that its effects run once per evaluation of the step, not again in the
+        # pullback as `jax.checkpoint` would run them
+        self.policy = None if step.body.jaxpr.effects else kept
         found = {}
 
         def residual_leaves(x, bufs):
-            residuals = step.linearize(x, bufs)[2]
+            residuals = step.linearize(x, bufs, policy=self.policy)[2]
             leaves, found["treedef"] = jtu.tree_flatten(residuals)
             return leaves
 
@@ -80,7 +103,7 @@ class TapedStep:
 
     def forward(self, x, bufs, active):
         """`(x', bufs', row)`: one step, and the varying residuals it tapes."""
-        x_next, bufs_next, residuals = self.step.linearize(x, bufs, active)
+        x_next, bufs_next, residuals = self.step.linearize(x, bufs, active, self.policy)
         leaves = jtu.tree_leaves(residuals)
         return x_next, bufs_next, [r for r, v in zip(leaves, self.varying) if v]
 

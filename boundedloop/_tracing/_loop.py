@@ -100,6 +100,11 @@ class Layout(eqx.Module):
         return tuple(jnp.zeros(r.shape, r.dtype) for r in self.read_shapes)
 
 
+# (on a TPU v5e, headline workload: a row of 16 MiB written costs about a fifth of
+# the step's evaluation; `docs/design-notes.md`, "How a memory budget is split")
+RING_SHARE = 4
+
+
 class LoopConfig(eqx.Module):
     """The static description of one loop: what `bl.while_loop` was asked for.
     (The carry's `Layout`, found when tracing it, is the `TracedLoop`'s.)"""
@@ -124,3 +129,17 @@ class LoopConfig(eqx.Module):
         stored scan); otherwise the tape's rows serve the reverse sweep's blocks."""
         bounded = self.max_steps is not None
         return self.tape_steps > 0 and bounded and self.tape_steps >= self.max_steps
+
+    @property
+    def forward_tapes(self) -> bool:
+        """Whether the gradient's forward sweep tapes its steps: every step, or, in
+        a ring of `tape_steps` rows, the last ones, which the reverse sweep's last
+        block then reverses without evaluating them again. The ring is kept where
+        it holds at least `1 / RING_SHARE` of `max_steps`: it writes a row at every
+        step taken, and saves an evaluation for each of its rows."""
+        bounded = self.max_steps is not None
+        return (
+            bool(self.tape_steps)
+            and bounded
+            and RING_SHARE * self.tape_steps >= self.max_steps
+        )
