@@ -1,5 +1,5 @@
 """What the docs' tables share: reading a results file, writing figures, and laying
-out markdown. Imports no JAX, so that `benchmarks/internal/tables.py` stays cheap to import."""
+out markdown. Imports no JAX, so that `internal/tables.py` stays cheap to import."""
 
 import json
 import math
@@ -10,7 +10,7 @@ RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 
 
 def load(name: str):
-    """`benchmarks/results/<name>`, parsed: JSON, or a list for JSON lines (`.jsonl`)."""
+    """`benchmarks/results/<name>`, parsed: JSON, or a list for JSON lines."""
     text = (RESULTS / name).read_text()
     if name.endswith(".jsonl"):
         return [json.loads(line) for line in text.splitlines()]
@@ -39,8 +39,7 @@ def _significant(v: float, figures: int = 3) -> str:
 
 
 def milliseconds(ms: float) -> str:
-    """A time given in milliseconds, to three significant figures, in ms below a
-    second and in s from there."""
+    """Milliseconds to three significant figures, in s from a second."""
     if float(f"{ms:.3g}") >= 1000:
         return f"{_significant(ms / 1000)} s"
     return f"{_significant(ms)} ms"
@@ -52,15 +51,8 @@ def seconds(s: float) -> str:
 
 
 def table(header: list, rows: list[list], left: int = 1, right: str = "---:") -> list:
-    """A markdown table's lines.
-
-    **Arguments:**
-
-    - `header`: the columns' titles.
-    - `rows`: a list of cells per row (anything `str` writes).
-    - `left`: how many columns, from the first, are aligned left (`---`).
-    - `right`: the alignment cell of the other columns (`---:` or `--:`).
-    """
+    """A markdown table's lines: `rows` of cells (anything `str` writes) under
+    `header`, the first `left` columns aligned left, the others by `right`."""
     align = ["---"] * left + [right] * (len(header) - left)
     return [
         "| " + " | ".join(header) + " |",
@@ -72,10 +64,5 @@ def table(header: list, rows: list[list], left: int = 1, right: str = "---:") ->
 def page(*blocks) -> str:
     """A generated file's text: `blocks` (a line, or a list of lines such as a
     `table`), a blank line between two, empty ones (`None`, `[]`) left out."""
-    lines = []
-    for block in blocks:
-        if block:
-            lines += ([""] if lines else []) + (
-                [block] if isinstance(block, str) else block
-            )
-    return "\n".join(lines) + "\n"
+    blocks = [[b] if isinstance(b, str) else b for b in blocks if b]
+    return "\n\n".join("\n".join(b) for b in blocks) + "\n"

@@ -1,20 +1,17 @@
-"""In-place buffers: gradient time per step for a loop that writes one row of an
-(M, 256) float32 buffer per step, M = 256, 1024, 4096, side by side with equinox's
-checkpointed loop (with and without `buffers=`) and with the array carried normally.
-Each row of the JSON records its loop, M, the width and the checkpoints.
+"""In-place buffers: gradient time per step of a loop writing one row of an (M, 256)
+float32 buffer per step, M = 256, 1024, 4096, ours and equinox's checkpointed loop,
+with `buffers=` and with the array carried.
 
     python benchmarks/buffers.py [--out benchmarks/results/buffers.json]
 """
 
 import argparse
 import functools
-import json
-import pathlib
 
 import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
-from _common import compile_time, median_time, temp_bytes
+from _common import compile_time, median_time, temp_bytes, write_json
 from _format import index, load, page, seconds, table
 
 import boundedloop as bl
@@ -24,7 +21,8 @@ WIDTH = 256
 CHECKPOINTS = 16
 
 
-def make(kind, rows):
+def make(kind, rows, lib=bl):
+    """The gradient of the loop `kind` of `rows` steps (ours from `lib`)."""
     use_buffers = kind.endswith("buffers")
 
     def loss(scale, v0):
@@ -33,10 +31,8 @@ def make(kind, rows):
             v = jnp.tanh(v * scale + 0.01)
             return v, buf.at[i].set(v), i + 1
 
-        if kind.startswith("boundedloop"):
-            loop = bl.while_loop
-        else:
-            loop = functools.partial(eqxi.while_loop, kind="checkpointed")
+        equinox = functools.partial(eqxi.while_loop, kind="checkpointed")
+        loop = lib.while_loop if kind.startswith("boundedloop") else equinox
         out = loop(
             lambda c: c[2] < rows,
             body,
@@ -63,21 +59,14 @@ def main():
         for m in sizes:
             _, compiled = compile_time(make(kind, m), scale, v0)
             t = median_time(compiled, scale, v0, reps=3, min_time=0.2)
-            row = {
-                "kind": kind,
-                "rows": m,
-                "width": WIDTH,
-                "checkpoints": CHECKPOINTS,
-                "grad_s": t,
-                "per_step_us": t / m * 1e6,
-                "temp_bytes": temp_bytes(compiled),
-                "buffer_bytes": m * WIDTH * 4,
-            }
+            row = dict(kind=kind, rows=m, width=WIDTH, checkpoints=CHECKPOINTS)
+            row.update(grad_s=t, per_step_us=t / m * 1e6)
+            row.update(temp_bytes=temp_bytes(compiled), buffer_bytes=m * WIDTH * 4)
             rows_out.append(row)
             print(row, flush=True)
     print()
     print(buffers_table(rows_out), end="")
-    pathlib.Path(args.out).write_text(json.dumps(rows_out, indent=1))
+    write_json(args.out, rows_out)
 
 
 # --- the docs' tables (`benchmarks/internal/tables.py` writes them) ---------------------
@@ -107,8 +96,7 @@ def _in_buffers(row: dict) -> float:
 
 def ours_against_equinox(rows: list[dict]) -> dict:
     """At the largest M, with `buffers` and with the array `carried`: (our row,
-    equinox's, our time per step over theirs, the temporary memory of each in
-    buffer sizes to one decimal)."""
+    equinox's, our time per step over theirs, each one's temp memory in buffers)."""
     by, sizes = _by_size(rows)
     found = {}
     for how in ("buffers", "carried"):
@@ -119,9 +107,7 @@ def ours_against_equinox(rows: list[dict]) -> dict:
 
 
 def buffers_table(rows: list[dict] | None = None) -> str:
-    """Gradient time per step of a loop writing one row per step, with buffers and
-    with the array carried (the performance page); of `rows`, by default those of
-    `benchmarks/results/buffers.json`."""
+    """Time per step and memory by M (the performance page); of `rows` or the file's."""
     rows = load("buffers.json") if rows is None else rows
     by, sizes = _by_size(rows)
     first, last = sizes[0], sizes[-1]
@@ -142,8 +128,7 @@ def buffers_table(rows: list[dict] | None = None) -> str:
 
 
 def why_buffers_table() -> str:
-    """The buffers benchmark with ours and equinox's side by side, and the two
-    comparisons the why page draws from it."""
+    """Ours and equinox's side by side, and the why page's two comparisons."""
     rows = load("buffers.json")
     by, sizes = _by_size(rows)
     last = sizes[-1]
@@ -155,11 +140,8 @@ def why_buffers_table() -> str:
     header.append(f"temp memory / buffer size, M = {last}")
     said = []
     for how, (ours, theirs, ratio, (mine, other)) in ours_against_equinox(rows).items():
-        memory = (
-            f"{mine:g} buffer sizes of temporary memory, as equinox's does"
-            if mine == other
-            else f"{mine:g} buffer sizes of temporary memory to equinox's {other:g}"
-        )
+        memory = f"{mine:g} buffer sizes of temporary memory"
+        memory += ", as equinox's does" if mine == other else f" to equinox's {other:g}"
         said.append(
             f"- {'With buffers' if how == 'buffers' else 'Carrying the array'}, at "
             f"`M = {last}` ours takes {ratio:.2f} times equinox's time per step "

@@ -1,25 +1,14 @@
-"""Many cheap steps (the ODE-solver regime): explicit Euler on `x' = tanh(W x + b)`,
-state width 32, dt = 0.01, exactly n steps (n = 1000 and 10000), differentiated.
+"""Many cheap steps (the ODE-solver regime): exactly n Euler steps `x + 0.01 tanh(W x
++ b)` (width 32, n = 1000 and 10000, cond `i < n` on a traced n, max_steps = n). The
+gradient through ours (16 checkpoints, and storing every step), equinox's
+checkpointed loop and the ideal `lax.scan`; `--forward-mode`: `jax.jvp` and
+`jax.jacfwd` of ours against `lax.while_loop`. Interleaved medians after a warm-up;
+body evaluations and loop iterations counted by callback in another compile.
 
     python benchmarks/cheap_steps.py [--rounds 20] [--out FILE] > benchmarks/results/cheap_steps.txt
     python benchmarks/cheap_steps.py --forward-mode [--rounds 30] [--out FILE] > benchmarks/results/forward_mode.txt
 
-Reverse mode (the default): the gradient of `sum(x_n**2)` with respect to (W, b,
-x0), side by side in one process: `bl.while_loop` with 16 checkpoints and storing
-every step, equinox's checkpointed loop with 16, and the ideal, a `lax.scan` over
-exactly n steps that stores every residual; body evaluations and every while loop's
-iterations per gradient, compile time and temporary memory. Writes
-`benchmarks/results/cheap_steps.json`.
-
-`--forward-mode`: `jax.jvp` (one tangent) and `jax.jacfwd` (32) of the final state
-with respect to x0, for `bl.while_loop` (checkpoints 16, and store-all), which
-`jax.jvp` evaluates in one pass, against `lax.while_loop`. Writes
-`benchmarks/results/forward_mode.json`.
-
-The loops' cond is `i < n` with n a traced argument (the compiled program does not
-depend on it) and max_steps = n. Times are medians over rounds run round-robin, in a
-shuffled order, after a warm-up; body evaluations are counted with
-`jax.debug.callback` in a separate compile. Prints each row and a markdown table.
+writes `benchmarks/results/cheap_steps.json` (`forward_mode.json`).
 """
 
 import argparse
@@ -62,8 +51,7 @@ KEYS = {
 
 
 def final_state(kind, n, w, b, x0, steps, counter=None):
-    """x_n of the loop `kind`; `steps` (a traced int, equal to `n`) is what the
-    loops' cond compares against, `n` the static bound (and the scan's length)."""
+    """x_n of the loop `kind`, its cond `i < steps` (traced, equal to `n`)."""
     body = euler_step(w, b, counter)
     cond = lambda c: c[1] < steps  # noqa: E731
     init = (x0, jnp.array(0))
@@ -84,20 +72,14 @@ def final_state(kind, n, w, b, x0, steps, counter=None):
 
 
 def make(kind, mode, n, counter=None):
-    """The measured function: for `grad`, `(W, b, x0, steps) -> (dW, db, dx0)` of
-    `sum(x_n**2)`; for `jvp` and `jacfwd`, `(W, b, x0, v, steps) -> result` with
-    respect to x0."""
-    if mode == "grad":
-        return jax.grad(
-            lambda w, b, x0, steps: jnp.sum(
-                final_state(kind, n, w, b, x0, steps, counter) ** 2
-            ),
-            argnums=(0, 1, 2),
-        )
+    """`grad`: `(W, b, x0, steps) -> (dW, db, dx0)` of `sum(x_n**2)`; `jvp`,
+    `jacfwd`: `(W, b, x0, v, steps) ->` that of x_n with respect to x0."""
 
     def final(w, b, x0, steps):
         return final_state(kind, n, w, b, x0, steps, counter)
 
+    if mode == "grad":
+        return jax.grad(lambda *a: jnp.sum(final(*a) ** 2), argnums=(0, 1, 2))
     if mode == "jvp":
         return lambda w, b, x0, v, steps: jax.jvp(
             lambda x: final(w, b, x, steps), (x0,), (v,)
@@ -153,13 +135,9 @@ def main():
     medians = interleaved_medians(fns, fn_args, rounds)
     for row in rows:
         row[time_key] = medians[(row["kind"], row.get("mode", "grad"), row["n"])]
+    by = {(r["kind"], r.get("mode"), r["n"]): r for r in rows}
     for row in rows:
-        base = next(
-            r
-            for r in rows
-            if (r["kind"], r.get("mode"), r["n"])
-            == (kinds[-1], row.get("mode"), row["n"])
-        )
+        base = by[(kinds[-1], row.get("mode"), row["n"])]
         row[over_key] = row[time_key] / base[time_key]
         if forward:
             row["compile_over_reference"] = row["compile_s"] / base["compile_s"]
@@ -167,21 +145,16 @@ def main():
             row["evals_over_2n"] = row["body_evals_per_grad"] / (2 * row["n"])
         print(row, flush=True)
 
+    jvp = f"jvp (one tangent) and jacfwd ({WIDTH} tangents) w.r.t. x0"
+    measured = jvp if forward else "gradient of sum(x_n**2) w.r.t. (W, b, x0)"
     print(
         f"\nEuler steps x + {DT} * tanh(W x + b), width {WIDTH}, exactly n steps "
-        f"(max_steps = n); "
-        + (
-            f"jvp (one tangent) and jacfwd ({WIDTH} tangents) w.r.t. x0"
-            if forward
-            else "gradient of sum(x_n**2) w.r.t. (W, b, x0)"
-        )
-        + f"; medians of {rounds} interleaved rounds; ratios within this run.\n"
+        f"(max_steps = n); {measured}; medians of {rounds} interleaved rounds; "
+        "ratios within this run.\n"
     )
     header = ["loop", "mode", "n", "ms", f"over {kinds[-1]}", "body evals"]
     header += ["compile s", "max abs diff"]
-    if (
-        not forward
-    ):  # `lax.scan` is not a `lax.while_loop`: its iterations are not counted
+    if not forward:  # `lax.scan` is no `lax.while_loop`: not counted
         header += ["while iterations", "temp bytes"]
     cells = [
         [row["kind"], row.get("mode", "grad"), row["n"], f"{1e3 * row[time_key]:.3f}"]
@@ -191,20 +164,15 @@ def main():
         for row in rows
     ]
     print("\n".join(table(header, cells, left=2)))
-    if forward:
-        write_results(out, rounds=rounds, rows=rows)
-    else:
-        write_results(
-            out, width=WIDTH, dt=DT, checkpoints=CHECKPOINTS, rounds=rounds, rows=rows
-        )
+    parameters = {} if forward else dict(width=WIDTH, dt=DT, checkpoints=CHECKPOINTS)
+    write_results(out, **parameters, rounds=rounds, rows=rows)
 
 
 # --- the docs' tables (`benchmarks/internal/tables.py` writes them) ---------------------
 
 
 def cheap_steps_table() -> str:
-    """Many cheap steps: gradient time of ours, equinox's, ours storing every step
-    and the ideal scan, for each `n` (the why page)."""
+    """Gradient time of each loop against the ideal scan, by `n` (the why page)."""
     data = load("cheap_steps.json")
     c, by = data["checkpoints"], index(data["rows"], "kind", "n")
     rows = []
@@ -213,14 +181,11 @@ def cheap_steps_table() -> str:
         theirs = by[(f"equinox checkpointed checkpoints={c}", n)]
         every = by[("boundedloop store all", n)]
         rows.append(
-            [
-                n,
-                f"{seconds(ours['grad_s'])} ({ours['grad_over_ideal']:.2f}x ideal)",
-                f"{seconds(theirs['grad_s'])} ({theirs['grad_over_ideal']:.3g}x)",
-                f"{theirs['grad_s'] / ours['grad_s']:.2g}",
-                f"{seconds(every['grad_s'])} ({every['grad_over_ideal']:.2f}x)",
-                seconds(by[(IDEAL, n)]["grad_s"]),
-            ]
+            [n, f"{seconds(ours['grad_s'])} ({ours['grad_over_ideal']:.2f}x ideal)"]
+            + [f"{seconds(theirs['grad_s'])} ({theirs['grad_over_ideal']:.3g}x)"]
+            + [f"{theirs['grad_s'] / ours['grad_s']:.2g}"]
+            + [f"{seconds(every['grad_s'])} ({every['grad_over_ideal']:.2f}x)"]
+            + [seconds(by[(IDEAL, n)]["grad_s"])]
         )
     header = ["n", "bl.while_loop", "equinox checkpointed", "equinox / ours"]
     header += ["bl.while_loop storing every step", "ideal `lax.scan`"]
@@ -228,8 +193,7 @@ def cheap_steps_table() -> str:
 
 
 def forward_mode_table() -> str:
-    """Forward-mode time over `lax.while_loop`'s JVP, for each loop and `n` (the
-    why page)."""
+    """Forward-mode time over `lax.while_loop`'s, by loop and `n` (the why page)."""
     rows = load("forward_mode.json")["rows"]
     by = index(rows, "kind", "mode", "n")
     kinds = [k for k in dict.fromkeys(r["kind"] for r in rows) if k != REFERENCE]

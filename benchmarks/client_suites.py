@@ -1,8 +1,7 @@
 """The tables of the client suites: a client library's own test files, run with its
-adjoint and with ours by `tests/client_suites/run.py`, which writes
-`benchmarks/results/<client>_suite.json` (a row per test: its node id and, for the
-client's adjoint (`default`) and ours, the outcome, and `alone` where the test was
-run again in a process of its own). `benchmarks/internal/tables.py` writes them."""
+adjoint (`default`) and with ours by `tests/client_suites/run.py`, which writes
+`benchmarks/results/<client>_suite.json` (per test, each one's outcome, and `alone`
+where it was run again in a process of its own)."""
 
 from _format import load, page, table
 
@@ -27,10 +26,8 @@ def _said(cell: dict) -> str:
 
 
 def suite_findings(rows: list[dict]) -> dict:
-    """What a suite's results show: `files`, each test file's tests and how many
-    passed with each adjoint (alone, where its file's process crashed); `skipped`,
-    the tests skipped with both; `different`, the others that did not pass with
-    both."""
+    """`files`: each test file's tests and how many passed with each adjoint;
+    `skipped`: the tests skipped with both; `different`: the others not passed."""
     files = {}
     for r in rows:
         counts = files.setdefault(r["test"].split("::")[0], [0] * (1 + len(ADJOINTS)))
@@ -40,25 +37,15 @@ def suite_findings(rows: list[dict]) -> dict:
     skipped = [
         r for r in rows if _outcome(r["default"]) == _outcome(r["ours"]) == "skipped"
     ]
-    different = [
-        r
-        for r in rows
-        if r not in skipped and any(r[who]["outcome"] != "passed" for who in ADJOINTS)
-    ]
+    unlike = [r for r in rows if any(r[who]["outcome"] != "passed" for who in ADJOINTS)]
+    different = [r for r in unlike if r not in skipped]
     return dict(files=files, skipped=skipped, different=different)
 
 
 def client_suite_table(name: str, listed: int = 12) -> str:
-    """A client's own test files with each adjoint: how many of each file's tests
-    passed, and every test that did not pass with both, grouped by test function
-    where more than `listed` did not.
-
-    **Arguments:**
-
-    - `name`: the results file, `benchmarks/results/<name>.json` (a key of
-      `THEIRS`).
-    - `listed`: how many tests that did not pass with both are listed one by one.
-    """
+    """`results/<name>.json` (`name` a key of `THEIRS`): how many of each test file's
+    tests passed with each adjoint, and every test that did not pass with both,
+    grouped by test function where more than `listed` did not."""
     found, theirs = suite_findings(load(f"{name}.json")), THEIRS[name]
     header = ["file", "tests", f"passed, {theirs}", "passed, `CheckpointedAdjoint`"]
     files = [[f"`{f.rsplit('/', 1)[-1]}`", *n] for f, n in found["files"].items()]

@@ -1,42 +1,34 @@
-"""diffrax's `diffeqsolve` on `boundedloop.diffrax.CheckpointedAdjoint` against
-diffrax's own adjoints, side by side in one process.
+"""diffrax's `diffeqsolve` (Tsit5, PID controller at 1e-5, SaveAt(t1)) through
+`boundedloop.diffrax.CheckpointedAdjoint` against diffrax's own adjoints, in one
+process, on the `WORKLOADS` (`neural`, `long`, `wide`): gradient with respect to the
+field's parameters, `jax.jvp` and `jax.jacfwd` against `ForwardMode`. Per row: time
+(interleaved medians after a warm-up), trace + lower and XLA compile seconds (with
+`--compile-repeats` above 1, medians of interleaved compiles from cleared caches
+after the first), temp bytes; prints a table of ratios.
 
-    python benchmarks/diffrax_adjoint.py [--workload neural|long] [--rounds 20] [--compile-repeats 1]
-        [--modes grad jvp jacfwd] [--adjoints ...] [--out FILE]
-
-Workloads (Tsit5 with a PID controller at rtol = atol = 1e-5, SaveAt(t1), gradient
-with respect to the vector field's parameters):
-
-- `neural`: a neural ODE, an MLP of width 64 and depth 2 on a state of 8 plus a
-  rotation term of rate 4.5, t in [0, 10] (about 110 steps), max_steps 4096;
-- `long`: a small one, an MLP of width 16 on a state of 2 plus a rotation of rate 20,
-  t in [0, 150] (about 7900 steps), max_steps 16384;
-- `wide`: a large state, `y' = -k y + 3 (roll(y, 1) - roll(y, -1))` on 200000
-  elements (width 0 means this linear field, with `k` as its parameter), t in
-  [0, 5], max_steps 256;
-  no `jacfwd` (200000 columns).
-
-Reported per adjoint: gradient time (medians of interleaved rounds after warm-up),
-trace + lower and XLA compile times separately (with `--compile-repeats` above 1,
-medians of that many less one compiles from cleared caches, interleaved), compiled temporary memory, steps
-taken; and `jax.jvp` / `jax.jacfwd` time against `ForwardMode`. Prints markdown
-tables; ratios are within this run. The JSON records the workload, its parameters
-and the rounds beside the rows.
+    python benchmarks/diffrax_adjoint.py [--workload neural|long|wide] [--rounds 20]
+        [--compile-repeats 1] [--modes grad jvp jacfwd] [--adjoints ...]
+        [--out benchmarks/results/diffrax_adjoint_<workload>.json]
 """
 
 import argparse
-import json
-import pathlib
+import functools
 import random
 import statistics
-import time
 from typing import NamedTuple
 
 import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from _common import clear_caches, compile_parts, temp_bytes
+from _common import (
+    cold_compile_parts,
+    compile_parts,
+    interleaved,
+    interleaved_medians,
+    temp_bytes,
+    write_json,
+)
 from _format import index, load, milliseconds, nbytes, page, table
 
 from boundedloop.diffrax import CheckpointedAdjoint
@@ -91,7 +83,7 @@ def make_field():
 
 
 def solve(field, y0, adjoint):
-    sol = diffrax.diffeqsolve(
+    return diffrax.diffeqsolve(
         diffrax.ODETerm(field),
         diffrax.Tsit5(),
         0.0,
@@ -103,27 +95,22 @@ def solve(field, y0, adjoint):
         adjoint=adjoint,
         max_steps=MAX_STEPS,
     )
-    return sol
 
 
 def loss(field, y0, adjoint):
     return jnp.sum(solve(field, y0, adjoint).ys ** 2)
 
 
-def recompile(cases, rows, order, repeats, rng):
-    """Compiles every case `repeats` times more, the cases interleaved in a new
-    order each time and each from cleared caches; each row's times become the
-    medians of those compiles (the first compile, a warm-up, is left out)."""
+def recompile(cases, rows, repeats, rng):
+    """Compiles every case `repeats` times more, `interleaved` and each from cleared
+    caches; each row's times become the medians of those compiles (the first
+    compile, a warm-up, is left out)."""
     if repeats < 1:
         return
-    samples = {key: [] for key in order}
-    for _ in range(repeats):
-        rng.shuffle(order)
-        for key in order:
-            clear_caches()
-            fn, fn_args = cases[key]
-            samples[key].append(compile_parts(fn, *fn_args)[:2])
-    for key, parts in samples.items():
+    calls = {
+        k: functools.partial(cold_compile_parts, f, *a) for k, (f, a) in cases.items()
+    }
+    for key, parts in interleaved(calls, repeats, rng).items():
         rows[key]["trace_lower_s"] = statistics.median(p[0] for p in parts)
         rows[key]["compile_s"] = statistics.median(p[1] for p in parts)
         rows[key]["compile_repeats"] = repeats
@@ -138,21 +125,15 @@ def main():
     parser.add_argument("--out", default=None)
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--adjoints", nargs="+", help="as the rows name them (all)")
-    parser.add_argument(
-        "--compile-repeats",
-        type=int,
-        default=1,
-        help="compiles per program, interleaved, each from cleared caches, after "
-        "the first (a warm-up when above 1); medians are kept",
-    )
+    repeats = "compiles from cleared caches, interleaved; above 1, the first left out"
+    parser.add_argument("--compile-repeats", type=int, default=1, help=repeats)
     args = parser.parse_args()
     use(WORKLOADS[args.workload])
     out = args.out or f"benchmarks/results/diffrax_adjoint_{args.workload}.json"
     field, y0 = make_field(), jnp.linspace(-1.0, 1.0, STATE)
     params, static = eqx.partition(field, eqx.is_inexact_array)
-    steps = int(
-        solve(field, y0, diffrax.RecursiveCheckpointAdjoint()).stats["num_steps"]
-    )
+    stats = solve(field, y0, diffrax.RecursiveCheckpointAdjoint()).stats
+    steps = int(stats["num_steps"])
 
     def ys(adjoint):
         return lambda y0: solve(field, y0, adjoint).ys
@@ -166,11 +147,10 @@ def main():
             return lambda y0, v: jax.jvp(ys(adjoint), (y0,), (v,))[1], (y0, y0)
         return jax.jacfwd(ys(adjoint)), (y0,)
 
+    recursive = diffrax.RecursiveCheckpointAdjoint
     adjoints = {
-        "RecursiveCheckpointAdjoint()": diffrax.RecursiveCheckpointAdjoint(),
-        "RecursiveCheckpointAdjoint(16)": diffrax.RecursiveCheckpointAdjoint(
-            checkpoints=16
-        ),
+        "RecursiveCheckpointAdjoint()": recursive(),
+        "RecursiveCheckpointAdjoint(16)": recursive(checkpoints=16),
         "CheckpointedAdjoint()": CheckpointedAdjoint(),
         "CheckpointedAdjoint(16)": CheckpointedAdjoint(checkpoints=16),
         "CheckpointedAdjoint(store all)": CheckpointedAdjoint(checkpoints=MAX_STEPS),
@@ -192,24 +172,16 @@ def main():
     for key, (fn, fn_args) in cases.items():
         trace_s, compile_s, exe = compile_parts(fn, *fn_args)
         jax.block_until_ready(exe(*fn_args))
-        compiled[key] = (exe, fn_args)
+        compiled[key] = exe
         rows[key] = dict(mode=key[0], adjoint=key[1], trace_lower_s=trace_s)
-        rows[key].update(compile_s=compile_s, temp_bytes=temp_bytes(exe), samples=[])
-        print(
-            key, f"trace+lower {trace_s:.2f} s, compile {compile_s:.2f} s", flush=True
-        )
-    order = list(compiled)
+        rows[key].update(compile_s=compile_s, temp_bytes=temp_bytes(exe))
+        said = f"trace+lower {trace_s:.2f} s, compile {compile_s:.2f} s"
+        print(key, said, flush=True)
     rng = random.Random(0)
-    recompile(cases, rows, order, args.compile_repeats - 1, rng)
-    for _ in range(args.rounds):
-        rng.shuffle(order)
-        for key in order:
-            exe, fn_args = compiled[key]
-            t0 = time.perf_counter()
-            jax.block_until_ready(exe(*fn_args))
-            rows[key]["samples"].append(time.perf_counter() - t0)
-    for row in rows.values():
-        row["ms"] = 1e3 * statistics.median(row.pop("samples"))
+    recompile(cases, rows, args.compile_repeats - 1, rng)
+    fn_args = {key: case[1] for key, case in cases.items()}
+    for key, s in interleaved_medians(compiled, fn_args, args.rounds, rng=rng).items():
+        rows[key]["ms"] = 1e3 * s
     print(
         f"\n{args.workload} ODE {WORKLOADS[args.workload]}, {steps} steps taken, "
         f"max_steps={MAX_STEPS}; medians of {args.rounds} interleaved rounds; ratios "
@@ -233,9 +205,7 @@ def main():
     parameters = dict(workload=args.workload, **WORKLOADS[args.workload]._asdict())
     results = dict(**parameters, rounds=args.rounds)
     results.update(compile_repeats=args.compile_repeats, steps=steps)
-    out = pathlib.Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({**results, "rows": list(rows.values())}, indent=1))
+    write_json(out, {**results, "rows": list(rows.values())})
 
 
 # --- the docs' tables (`benchmarks/internal/tables.py` writes them) ---------------------
@@ -255,16 +225,14 @@ SUMMARY = {
 
 
 def load_run(workload: str) -> dict:
-    """`benchmarks/results/diffrax_adjoint_<workload>.json`, with its rows by
-    (mode, adjoint), in the order of `MODES`."""
+    """`diffrax_adjoint_<workload>.json`, rows by (mode, adjoint) in `MODES` order."""
     run = load(f"diffrax_adjoint_{workload}.json")
     rows = sorted(run["rows"], key=lambda r: MODES.index(r["mode"]))
     return {**run, "rows": index(rows, "mode", "adjoint")}
 
 
 def ratios(rows: dict) -> dict:
-    """For each row of `load_run`'s `rows`, its time and its trace + compile time
-    over those of diffrax's adjoint for its mode (`BASE`)."""
+    """Each row's time and trace + compile time over its mode's `BASE` adjoint's."""
 
     def compiling(r):
         return r["trace_lower_s"] + r["compile_s"]
@@ -283,21 +251,8 @@ def adjoint_name(adjoint: str, max_steps: int) -> str:
     return f"`{adjoint}`"
 
 
-def compiles(run: dict) -> str:
-    """How a run's compile times were taken, where it compiled each program more
-    than once."""
-    repeats = run.get("compile_repeats", 1) - 1
-    if repeats < 1:
-        return ""
-    return (
-        f", compile times medians of {repeats} interleaved compiles from cleared "
-        "caches after a warm-up"
-    )
-
-
 def diffrax_table(workload: str) -> str:
-    """One workload of the diffrax benchmark: each mode and adjoint, its time and
-    its ratios to diffrax's adjoint for the mode (the diffrax guide)."""
+    """One workload: each mode and adjoint, time and ratios (the diffrax guide)."""
     run = load_run(workload)
     rows, max_steps = run["rows"], run["max_steps"]
     to_base = ratios(rows)
@@ -309,9 +264,12 @@ def diffrax_table(workload: str) -> str:
     ]
     ours, theirs = (rows[("grad", f"{who}(16)")]["ms"] for who in (OURS, RCA))
     header = ["mode", "adjoint", "time", "ratio", "trace + compile ratio"]
+    repeats = run.get("compile_repeats", 1) - 1  # how compile times were taken
+    compiles = f", compile times medians of {repeats} interleaved compiles from "
+    compiles = compiles + "cleared caches after a warm-up" if repeats > 0 else ""
     return page(
         f"{run['steps']} steps of `max_steps={max_steps}`; medians of {run['rounds']} "
-        f"interleaved rounds{compiles(run)} "
+        f"interleaved rounds{compiles} "
         f"(`benchmarks/results/diffrax_adjoint_{workload}.json`):",
         table([*header, "temp memory"], cells, left=2),
         "At the same checkpoint count, `CheckpointedAdjoint(16)` takes "
@@ -321,8 +279,7 @@ def diffrax_table(workload: str) -> str:
 
 
 def diffrax_summary_table() -> str:
-    """Every workload of the diffrax benchmark in one table of ratios, a column
-    per workload (the why page)."""
+    """The `SUMMARY` ratios, a column per workload (the why page)."""
     runs = {workload: load_run(workload) for workload in WORKLOADS}
 
     def ratio(rows, mode, ours, theirs):

@@ -1,32 +1,15 @@
-"""The stop condition's cost across processes: `jit` + `vmap` over a globally sharded
-batch against `vmap` inside `shard_map`, under `jax.distributed`.
+"""The stop condition's cost across processes under `jax.distributed` (copies of
+this script, 2 CPU devices each, gloo over 127.0.0.1): on a sharded batch of Euler
+loops (8 per device, width 32, trip counts in [1, 100], `max_steps=1000`, 8
+checkpoints), `jit(vmap)`, which runs until every element of the global batch is done
+(an all-reduce between the processes every step), against `vmap` inside `shard_map`,
+each device stopping on its own. Forward and gradient time (interleaved medians in
+process 0, after checking both agree), the compiled all-reduces (in loop conditions)
+and the load average before the run: run it on a quiet machine.
 
     python benchmarks/distributed.py [--processes 2] [--rounds 40] [--out FILE] > benchmarks/results/distributed.txt
 
-Starts `--processes` copies of itself on this machine, each with 2 CPU devices
-(`--xla_force_host_platform_device_count=2`), joined by `jax.distributed.initialize`
-over 127.0.0.1 with the gloo CPU collectives (process 0 runs the coordinator, bound
-to loopback). The batch, 8 elements per device, is sharded over every device of
-every process; each element runs Euler steps `x + 0.01 tanh(W x + b)` (width 32)
-for its own trip count, drawn from [1, 100], `max_steps=1000`, 8 checkpoints:
-
-- `jit(vmap)`: `jax.jit(jax.vmap(loop))` on the global batch. The batched loop runs
-  while any element of the global batch is unfinished, so every step ends with the
-  stop condition reduced across all devices (an all-reduce between the processes).
-- `shard_map(vmap)`: `jax.vmap(loop)` inside `jax.shard_map`: each device runs until
-  its own elements are done, with no collective inside the loop.
-
-Both are timed per forward and per gradient (of the batch-mean loss with respect to
-the parameters), as medians of `--rounds` interleaved rounds after a warm-up, in
-process 0 (every process makes the same calls, each waiting for its result). The
-two variants' results are checked equal first. Also reported: the number of
-`all-reduce` operations in each compiled forward and how many of them are in a
-`while` loop's condition (run once per step), and the machine's load average before
-the run: run it when nothing else is busy (on 2 cores a load above 1 slows both
-variants). Writes JSON to `--out` (default `benchmarks/results/distributed.json`,
-which `distributed_table` below turns into the scaling-out guide's table) and prints
-a markdown table. Each worker has a watchdog; the parent waits with a timeout and
-ends a worker left running by its PID.
+writes `benchmarks/results/distributed.json`.
 """
 
 import argparse
@@ -69,13 +52,10 @@ def worker(port, process_id, processes, rounds, json_path):
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    address = f"127.0.0.1:{port}"
+    timeouts = dict(initialization_timeout=60, shutdown_timeout_seconds=60)
     jax.distributed.initialize(
-        coordinator_address=f"127.0.0.1:{port}",
-        coordinator_bind_address=f"127.0.0.1:{port}",
-        num_processes=processes,
-        process_id=process_id,
-        initialization_timeout=60,
-        shutdown_timeout_seconds=60,
+        address, processes, process_id, coordinator_bind_address=address, **timeouts
     )
     import jax.numpy as jnp
     import numpy as np
@@ -101,14 +81,9 @@ def worker(port, process_id, processes, rounds, json_path):
         return jax.make_array_from_process_local_data(rows, local, data.shape)
 
     def run(params, x, n):
-        final, _ = bl.while_loop(
-            lambda c: c[1] < n,
-            euler_step(*params),
-            (x, jnp.zeros_like(n)),
-            max_steps=MAX_STEPS,
-            checkpoints=CHECKPOINTS,
-        )
-        return final
+        step, init = euler_step(*params), (x, jnp.zeros_like(n))
+        kw = dict(max_steps=MAX_STEPS, checkpoints=CHECKPOINTS)
+        return bl.while_loop(lambda c: c[1] < n, step, init, **kw)[0]
 
     batched = jax.vmap(run, in_axes=(None, 0, 0))
 
@@ -142,24 +117,14 @@ def worker(port, process_id, processes, rounds, json_path):
     if process_id == 0:
         rows = []
         for (variant, kind), seconds in medians.items():
-            total, in_conditions = all_reduce_counts(hlo[(variant, kind)])
+            total, looped = all_reduce_counts(hlo[(variant, kind)])
             rows.append(dict(variant=variant, kind=kind, seconds=seconds))
-            rows[-1].update(
-                all_reduce=total, all_reduce_in_loop_conditions=in_conditions
-            )
-        write_results(
-            json_path,
-            processes=processes,
-            local_devices=jax.local_device_count(),
-            batch=batch,
-            width=WIDTH,
-            max_trips=MAX_TRIPS,
-            longest_trip=int(ns.max()),
-            max_steps=MAX_STEPS,
-            checkpoints=CHECKPOINTS,
-            rounds=rounds,
-            rows=rows,
-        )
+            rows[-1].update(all_reduce=total, all_reduce_in_loop_conditions=looped)
+        setup = dict(processes=processes, local_devices=jax.local_device_count())
+        setup.update(batch=batch, width=WIDTH, max_trips=MAX_TRIPS)
+        setup.update(longest_trip=int(ns.max()), max_steps=MAX_STEPS)
+        setup.update(checkpoints=CHECKPOINTS, rounds=rounds)
+        write_results(json_path, **setup, rows=rows)
     jax.distributed.shutdown()
 
 
@@ -230,20 +195,16 @@ def main():
 
 
 def distributed_table(results=None) -> str:
-    """Under `jax.distributed`: time per call of `jit(vmap)` and `shard_map(vmap)`,
-    forward and gradient, and the all-reduce ops in each compiled loop condition
-    (the scaling-out guide); of `results`, by default `distributed.json`'s."""
+    """Each variant's time and loop-condition all-reduces (the scaling-out guide)."""
     by = index((results or load("distributed.json"))["rows"], "variant", "kind")
     rows = []
     for kind in ("forward", "gradient"):
         batched, per_device = (by[(v, kind)] for v in VARIANTS)
+        looped = [r["all_reduce_in_loop_conditions"] for r in (batched, per_device)]
         rows.append(
             [kind, seconds(batched["seconds"]), seconds(per_device["seconds"])]
             + [f"{batched['seconds'] / per_device['seconds']:.3g}"]
-            + [
-                f"{batched['all_reduce_in_loop_conditions']} / "
-                f"{per_device['all_reduce_in_loop_conditions']}"
-            ]
+            + [f"{looped[0]} / {looped[1]}"]
         )
     header = ["per call", "`jit(vmap)`", "`shard_map(vmap)`", "ratio"]
     header.append("all-reduces in loop conditions")

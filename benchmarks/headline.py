@@ -1,26 +1,13 @@
-"""The headline workload: the gradient of a data-dependent loop whose store-everything
-tape does not fit in an accelerator's memory, on whatever backend JAX has.
+"""The headline: the gradient of `x <- tanh(x @ W)` on a (batch, width) float32
+state, stopped when a counter reaches a traced `n`, whose store-every-step tape does
+not fit in an accelerator's memory: `lax.scan` over exactly `n` steps, the same scan
+offloading each step to `pinned_host` memory, equinox's checkpointed loop and
+`bl.while_loop`, at (n, max_steps) = (256, 1024) and (2048, 4096). Per row: trace +
+lower and compile seconds, temp (and host temp) bytes, seconds per gradient
+(interleaved medians), or the `error` (with `needs_gb`, `hbm_gb` out of memory).
 
     python benchmarks/headline.py [--batch 512] [--width 4096] [--rounds 3]
         [--out benchmarks/results/headline_<platform>.json]
-
-The workload: a state `x` of shape (batch, width) float32 (`normal`, key 1), a matrix
-`W` of shape (width, width) (`normal / sqrt(width)`, key 0), a body `(i, x) -> (i + 1,
-tanh(x @ W))` run until the counter reaches a traced `n`, the loss `mean(y ** 2)` of
-the final `y`, and `jax.grad` of the loss with respect to `W`.
-
-For (n, max_steps) = (256, 1024) and (2048, 4096), checkpoints 16, four kinds:
-`scan` (`lax.scan` over exactly `n` steps, `n` static, JAX's default AD storing every
-step), `scan_offload` (the same scan with every step's `y` offloaded to `pinned_host`
-memory by a `jax.checkpoint` policy; only where the device has such a memory),
-`equinox` (`equinox.internal.while_loop(..., kind="checkpointed")`) and `boundedloop`
-(`bl.while_loop`); and `boundedloop` with checkpoints 64 on the larger case. Each
-row: its parameters, trace + lower and XLA compile seconds, the compiled
-`temp_size_in_bytes` and `host_temp_size_in_bytes`, and the seconds per gradient
-(medians of `--rounds` interleaved rounds after a warm-up call). A failed trace,
-compile or run (e.g. RESOURCE_EXHAUSTED: the tape does not fit) becomes a row with an
-`error` string, and where the chip ran out of memory, `needs_gb` and `hbm_gb` (from
-XLA's message).
 """
 
 import argparse
@@ -33,17 +20,15 @@ import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 from _common import interleaved_medians, temp_bytes, write_results
-from _format import index, load, nbytes, page, seconds, table
+from _format import index, load, nbytes, page, RESULTS, seconds, table
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
 import boundedloop as bl
 
 
-GRADIENT_CASES = [  # (n, max_steps, also boundedloop with EXTRA_CHECKPOINTS)
-    (256, 1024, False),
-    (2048, 4096, True),
-]
+# (n, max_steps, also boundedloop with EXTRA_CHECKPOINTS)
+GRADIENT_CASES = [(256, 1024, False), (2048, 4096, True)]
 GRADIENT_KINDS = ("scan", "scan_offload", "equinox", "boundedloop")
 CHECKPOINTS = 16
 EXTRA_CHECKPOINTS = 64
@@ -51,43 +36,46 @@ NO_PINNED_HOST = "no pinned_host memory on this device"
 
 
 def workload(batch, width):
-    w = jax.random.normal(jax.random.key(0), (width, width), jnp.float32) / jnp.sqrt(
-        width
-    )
+    w = jax.random.normal(jax.random.key(0), (width, width), jnp.float32)
     x = jax.random.normal(jax.random.key(1), (batch, width), jnp.float32)
-    return w, x
+    return w / jnp.sqrt(width), x
 
 
 def has_pinned_host() -> bool:
     return "pinned_host" in {m.kind for m in jax.devices()[0].addressable_memories()}
 
 
-def loss_fn(kind, n, max_steps, checkpoints):
-    """`(W, x, n_dyn) -> mean(y ** 2)` for the loop `kind`; the scans run `n` steps
-    (static) and ignore `n_dyn`."""
+def headline_step(w, y):
+    return jnp.tanh(y @ w)
+
+
+def loss_fn(kind, n, max_steps, step=headline_step, **kw):
+    """`(W, x, n_dyn) -> mean(y ** 2)` of `y <- step(W, y)` run by the loop `kind`
+    (`kw`: its `checkpoints=` or `memory=`) until a counter reaches `n_dyn`; the
+    scans run `n` steps (static), `ckscanK` as `n // K` checkpointed scans of `K`."""
 
     def loss(w, x, n_dyn):
         def body(c):
-            return c[0] + 1, jnp.tanh(c[1] @ w)
+            return c[0] + 1, step(w, c[1])
 
         def cond(c):
             return c[0] < n_dyn
 
+        def scanned(y, _):
+            return step(w, y), None
+
         if kind == "boundedloop":
-            _, y = bl.while_loop(
-                cond, body, (0, x), max_steps=max_steps, checkpoints=checkpoints
-            )
+            _, y = bl.while_loop(cond, body, (0, x), max_steps=max_steps, **kw)
         elif kind == "equinox":
             _, y = eqxi.while_loop(
-                cond,
-                body,
-                (0, x),
-                max_steps=max_steps,
-                kind="checkpointed",
-                checkpoints=checkpoints,
+                cond, body, (0, x), max_steps=max_steps, kind="checkpointed", **kw
             )
         elif kind == "scan":
-            y, _ = lax.scan(lambda y, _: (jnp.tanh(y @ w), None), x, None, length=n)
+            y, _ = lax.scan(scanned, x, None, length=n)
+        elif kind.startswith("ckscan"):
+            k = int(kind[6:])
+            inner = jax.checkpoint(lambda y: lax.scan(scanned, y, None, length=k)[0])
+            y, _ = lax.scan(lambda y, _: (inner(y), None), x, None, length=n // k)
         elif kind == "scan_offload":
             policy = jax.checkpoint_policies.save_and_offload_only_these_names(
                 names_which_can_be_saved=[],
@@ -96,11 +84,10 @@ def loss_fn(kind, n, max_steps, checkpoints):
                 offload_dst="pinned_host",
             )
 
-            def step(y, _):
-                y = checkpoint_name(y, "y")
-                return jnp.tanh(y @ w), None
+            def offloaded(y, _):
+                return scanned(checkpoint_name(y, "y"), _)
 
-            y, _ = lax.scan(jax.checkpoint(step, policy=policy), x, None, length=n)
+            y, _ = lax.scan(jax.checkpoint(offloaded, policy=policy), x, None, length=n)
         else:
             raise ValueError(kind)
         return jnp.mean(y**2)
@@ -108,13 +95,8 @@ def loss_fn(kind, n, max_steps, checkpoints):
     return loss
 
 
-def _error(stage, e) -> str:
-    return f"{stage}: {type(e).__name__}: {e}"[:300]
-
-
 def _out_of_memory(e) -> dict:
-    """What XLA's message says the program needs and the chip has, in GB (as it
-    writes `G`), where it ran out of memory; else nothing."""
+    """What XLA says the program needs and the chip has (GB), where memory ran out."""
     found = re.search(
         r"\((\d+\.?\d*)G\) exceeds available HBM \((\d+\.?\d*)G\)", str(e)
     )
@@ -133,15 +115,8 @@ def gradient_rows(batch, width, rounds) -> list:
         compiled, case_rows = {}, {}
         for kind, checkpoints in entries:
             key = f"{kind}, checkpoints={checkpoints}"
-            row = dict(
-                part="gradient",
-                kind=kind,
-                n=n,
-                max_steps=max_steps,
-                checkpoints=checkpoints,
-                B=batch,
-                D=width,
-            )
+            row = dict(part="gradient", kind=kind, n=n, max_steps=max_steps)
+            row.update(checkpoints=checkpoints, B=batch, D=width)
             case_rows[key] = row
             rows.append(row)
             if kind == "scan_offload" and not pinned:
@@ -150,15 +125,13 @@ def gradient_rows(batch, width, rounds) -> list:
                 continue
             stage = "trace/lower"
             try:
-                fn = jax.grad(loss_fn(kind, n, max_steps, checkpoints))
+                fn = jax.grad(loss_fn(kind, n, max_steps, checkpoints=checkpoints))
                 t0 = time.perf_counter()
                 lowered = jax.jit(fn).trace(*args).lower()
                 t1 = time.perf_counter()
                 stage = "compile"
                 exe = lowered.compile()
-                t2 = time.perf_counter()
-                row["trace_lower_s"] = t1 - t0
-                row["compile_s"] = t2 - t1
+                row.update(trace_lower_s=t1 - t0, compile_s=time.perf_counter() - t1)
                 row["temp_bytes"] = temp_bytes(exe)
                 host = getattr(exe.memory_analysis(), "host_temp_size_in_bytes", None)
                 if host is not None:
@@ -166,19 +139,15 @@ def gradient_rows(batch, width, rounds) -> list:
                 stage = "run"
                 jax.block_until_ready(exe(*args))  # warm-up
             except Exception as e:
-                row.update(error=_error(stage, e), **_out_of_memory(e))
+                error = f"{stage}: {type(e).__name__}: {e}"[:300]
+                row.update(error=error, **_out_of_memory(e))
                 print(row, flush=True)
                 continue
             compiled[key] = exe
-        if compiled:
-            times = interleaved_medians(
-                compiled, {k: args for k in compiled}, rounds=rounds
-            )
-            for key, seconds in times.items():
-                case_rows[key]["grad_s"] = seconds
-        for key in compiled:
+        times = interleaved_medians(compiled, {k: args for k in compiled}, rounds)
+        for key, grad_s in times.items():
+            case_rows[key]["grad_s"] = grad_s
             print(case_rows[key], flush=True)
-        del compiled
     return rows
 
 
@@ -190,25 +159,13 @@ def main():
     parser.add_argument("--out", default=None, help="results path (.json)")
     args = parser.parse_args()
     platform = jax.devices()[0].platform
-    out = pathlib.Path(
-        args.out
-        or pathlib.Path(__file__).parent / "results" / f"headline_{platform}.json"
-    )
-    results = dict(
-        batch=args.batch,
-        width=args.width,
-        rounds=args.rounds,
-        platform=platform,
-        device_kind=jax.devices()[0].device_kind,
-        jax=jax.__version__,
-        xla_flags=os.environ.get("XLA_FLAGS", ""),
-        pinned_host=has_pinned_host(),
-    )
-    print(
-        f"{platform}: {jax.devices()[0]}, B={args.batch}, D={args.width}, "
-        f"pinned_host={results['pinned_host']}",
-        flush=True,
-    )
+    out = pathlib.Path(args.out or RESULTS / f"headline_{platform}.json")
+    results = dict(batch=args.batch, width=args.width, rounds=args.rounds)
+    results.update(platform=platform, device_kind=jax.devices()[0].device_kind)
+    results.update(jax=jax.__version__, xla_flags=os.environ.get("XLA_FLAGS", ""))
+    results["pinned_host"] = has_pinned_host()
+    said = f"{platform}: {jax.devices()[0]}, B={args.batch}, D={args.width}, "
+    print(said + f"pinned_host={results['pinned_host']}", flush=True)
     results["gradient"] = gradient_rows(args.batch, args.width, args.rounds)
     write_results(out, **results)
     print("wrote", out, flush=True)
@@ -237,29 +194,23 @@ def _cell(row: dict) -> str:
 
 
 def headline_comparisons(rows: list[dict]) -> dict:
-    """Of the gradient rows with `CHECKPOINTS` checkpoints, at the largest `n`: our
-    time over equinox's and over the offloading scan's, and equinox's memory over
-    ours; at the smallest `n`, our time over equinox's."""
+    """The ratios the headline's text states, at `CHECKPOINTS` checkpoints."""
     by = index([r for r in rows if "error" not in r], "kind", "n", "checkpoints")
     small, large = min(r["n"] for r in rows), max(r["n"] for r in rows)
     ours, eqx, off = (
         by[(k, large, CHECKPOINTS)] for k in ("boundedloop", "equinox", "scan_offload")
     )
-    return dict(
-        small=small,
-        large=large,
-        over_equinox=ours["grad_s"] / eqx["grad_s"],
-        less_memory=eqx["temp_bytes"] / ours["temp_bytes"],
-        over_offload=ours["grad_s"] / off["grad_s"],
-        over_equinox_small=by[("boundedloop", small, CHECKPOINTS)]["grad_s"]
-        / by[("equinox", small, CHECKPOINTS)]["grad_s"],
+    ours_small, eqx_small = (
+        by[(k, small, CHECKPOINTS)] for k in ("boundedloop", "equinox")
     )
+    found = dict(small=small, large=large, over_equinox=ours["grad_s"] / eqx["grad_s"])
+    found.update(less_memory=eqx["temp_bytes"] / ours["temp_bytes"])
+    found.update(over_offload=ours["grad_s"] / off["grad_s"])
+    return found | dict(over_equinox_small=ours_small["grad_s"] / eqx_small["grad_s"])
 
 
 def headline_table(platform: str = "tpu") -> str:
-    """The gradient whose store-every-step tape does not fit in the accelerator's
-    memory, four ways: time and memory at two trip counts (README, performance
-    page)."""
+    """Time and memory four ways at two trip counts (README, performance page)."""
     run = load(f"headline_{platform}.json")
     rows = run["gradient"]
     cases = sorted({(r["n"], r["max_steps"]) for r in rows})

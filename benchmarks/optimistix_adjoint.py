@@ -1,24 +1,12 @@
-"""optimistix solves differentiated three ways, side by side in one process:
-`boundedloop.optimistix.CheckpointedAdjoint()` ("ours"), optimistix's
-`RecursiveCheckpointAdjoint()` ("RCA", the same unrolled derivative on equinox's
-checkpointed loop) and `ImplicitAdjoint()` ("implicit", the default: the implicit
-function theorem at the solution, a different derivative).
+"""optimistix solves (the `PROBLEMS`: BFGS, Levenberg-Marquardt, Newton, fixed point)
+differentiated three ways in one process: `boundedloop.optimistix.CheckpointedAdjoint()`
+("ours"), `RecursiveCheckpointAdjoint()` ("RCA", the same unrolled derivative on
+equinox's loop) and `ImplicitAdjoint()` ("implicit", the default). Per problem: the
+jitted gradient and `jax.jacfwd` (RCA has none), interleaved medians after a warm-up,
+and the gradient's trace + lower + compile (a fresh function each time), medians.
 
-    python benchmarks/optimistix_adjoint.py [--rounds 100] [--compiles 5] [--out FILE]
-
-For each problem (the default `max_steps=256`, float32):
-
-- **gradient**: `jax.jit(jax.grad(loss))`, medians of interleaved rounds after
-  warm-up;
-- **jacfwd**: `jax.jit(jax.jacfwd(loss))` for ours and implicit (RCA raises: it has
-  no forward mode);
-- **compile**: trace + lower + XLA compile of the jitted gradient, a fresh function
-  each time (no cache), the adjoints alternating; medians of `--compiles`.
-
-Problems: BFGS on a 16-dimensional Rosenbrock function, Levenberg-Marquardt on a
-least-squares fit of 32 residuals, Newton on 8 coupled nonlinear equations,
-fixed-point iteration on 8 equations; each has two parameters. Ratios are ours over
-the others within this run.
+    python benchmarks/optimistix_adjoint.py [--rounds 100] [--compiles 5]
+        [--out benchmarks/results/optimistix_adjoint.json]
 """
 
 import argparse
@@ -28,7 +16,7 @@ import statistics
 import jax
 import jax.numpy as jnp
 import optimistix as optx
-from _common import compile_time, interleaved_medians, write_results
+from _common import compile_time, interleaved, interleaved_medians, write_results
 from _format import load, page, seconds, table
 
 from boundedloop.optimistix import CheckpointedAdjoint
@@ -39,6 +27,7 @@ ADJOINTS = {
     "RCA": optx.RecursiveCheckpointAdjoint,
     "implicit": optx.ImplicitAdjoint,
 }
+FORWARD = ("ours", "implicit")  # RCA has no forward mode
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
@@ -92,13 +81,6 @@ def make_loss(problem, name):
     return loss
 
 
-def steps_taken(problem, a):
-    solve, fn, solver, size = PROBLEMS[problem]
-    y0 = jnp.linspace(0.1, 0.9, size)
-    sol = solve(fn, solver, y0, args=a, throw=False)
-    return int(sol.stats["num_steps"]), int(sol.result._value)
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=100)
@@ -109,31 +91,24 @@ def main():
     rng = random.Random(0)
     results = {}
     for problem in PROBLEMS:
-        steps, result = steps_taken(problem, a)
+        solve, fn, solver, size = PROBLEMS[problem]
+        sol = solve(fn, solver, jnp.linspace(0.1, 0.9, size), args=a, throw=False)
+        steps, result = int(sol.stats["num_steps"]), int(sol.result._value)
         grads = {k: jax.jit(jax.grad(make_loss(problem, k))) for k in ADJOINTS}
-        forwards = {
-            k: jax.jit(jax.jacfwd(make_loss(problem, k))) for k in ["ours", "implicit"]
-        }
+        forwards = {k: jax.jit(jax.jacfwd(make_loss(problem, k))) for k in FORWARD}
         values = {k: fn(a) for k, fn in {**grads, **forwards}.items()}  # warm-up
         agree = float(jnp.max(jnp.abs(values["ours"] - values["RCA"])))
         grad_ms = interleaved_medians(grads, {k: (a,) for k in grads}, args.rounds)
         fwd_ms = interleaved_medians(forwards, {k: (a,) for k in forwards}, args.rounds)
-        samples = {k: [] for k in ADJOINTS}
-        order = list(ADJOINTS)
-        for _ in range(args.compiles):
-            rng.shuffle(order)
-            for k in order:
-                fn = jax.grad(make_loss(problem, k))
-                samples[k].append(compile_time(fn, a)[0])
+        calls = {
+            k: lambda k=k: compile_time(jax.grad(make_loss(problem, k)), a)[0]
+            for k in ADJOINTS
+        }
+        samples = interleaved(calls, args.compiles, rng)
         compile_s = {k: statistics.median(v) for k, v in samples.items()}
-        row = dict(
-            steps=steps,
-            result=result,
-            ours_minus_rca_max_abs=agree,
-            gradient_seconds=grad_ms,
-            jacfwd_seconds=fwd_ms,
-            compile_seconds=compile_s,
-        )
+        row = dict(steps=steps, result=result, ours_minus_rca_max_abs=agree)
+        row.update(gradient_seconds=grad_ms, jacfwd_seconds=fwd_ms)
+        row["compile_seconds"] = compile_s
         results[problem] = row
         print(problem, row, flush=True)
     write_results(args.out, rounds=args.rounds, compiles=args.compiles, **results)
@@ -144,8 +119,7 @@ def main():
 
 
 def optimistix_adjoint_table(data=None) -> str:
-    """Gradient, forward mode and compile of optimistix solves with each adjoint
-    (the optimistix guide): two tables; of `data`, by default the results file's."""
+    """Gradient, `jacfwd` and compile by adjoint (the optimistix guide)."""
     data = data or load("optimistix_adjoint.json")
     per_call, forward_and_compile = [], []
     for problem, row in data.items():
@@ -160,18 +134,16 @@ def optimistix_adjoint_table(data=None) -> str:
             + [f"{grad['ours'] / grad['RCA']:.2f}"]
         )
         forward_and_compile.append(
-            [problem, *(seconds(fwd[k]) for k in ("ours", "implicit"))]
+            [problem, *(seconds(fwd[k]) for k in FORWARD)]
             + [f"{comp[k]:.2f} s" for k in ADJOINTS]
             + [f"{comp['ours'] / comp['RCA']:.2f}"]
         )
     header = ["problem (unknowns)", "`jacfwd`, ours", "`jacfwd`, implicit"]
     header += ["compile, ours", "RCA", "implicit", "ours / RCA"]
+    per_call_header = ["problem (unknowns)", "steps", "ours", "RCA", "implicit"]
     return page(
         "Gradient, per call:",
-        table(
-            ["problem (unknowns)", "steps", "ours", "RCA", "implicit", "ours / RCA"],
-            per_call,
-        ),
+        table([*per_call_header, "ours / RCA"], per_call),
         "`jax.jacfwd` per call (RCA has none), and the gradient's compile:",
         table(header, forward_and_compile),
     )

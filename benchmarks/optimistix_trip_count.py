@@ -3,13 +3,11 @@ BFGS stops at another step, and the derivative of an unrolled solve follows it.
 
     python benchmarks/optimistix_trip_count.py
 
-The guide's solve (BFGS at rtol = atol = 1e-6,
-`max_steps=64`), at `a = 1` and at the next float32 above it, on the default
-backend and on the host CPU: the number of steps BFGS takes, the solution, and
-the gradient and Hessian of the solution's sum with respect to `a` through
-`CheckpointedAdjoint(checkpoints=64)` (every step stored, the one form that
-compiled on the TPU v5e). One line per backend and `a`; on a TPU the first two
-lines are the chip's (results: `benchmarks/results/optimistix_trip_count_tpu.txt`).
+The guide's solve (BFGS at rtol = atol = 1e-6, `max_steps=64`) at `a = 1` and at the
+next float32 above it, on the default backend and the host CPU: BFGS's steps, the
+solution, and the gradient and Hessian of its sum with respect to `a` through
+`CheckpointedAdjoint(checkpoints=64)` (every step stored, the one form that compiled
+on the TPU v5e). A line per backend and `a` (`results/optimistix_trip_count_tpu.txt`).
 """
 
 import jax
@@ -46,19 +44,10 @@ def main():
                 solution = jax.jit(lambda a: solve(a, recursive))(a)
                 grad = jax.jit(jax.grad(solution_sum))(a)
                 hessian = jax.jit(jax.hessian(solution_sum))(a)
-                print(
-                    device.platform,
-                    a0,
-                    "steps",
-                    int(solution.stats["num_steps"]),
-                    "value",
-                    np.asarray(solution.value).tolist(),
-                    "grad",
-                    float(grad),
-                    "hessian",
-                    float(hessian),
-                    flush=True,
-                )
+                said = ["steps", int(solution.stats["num_steps"])]
+                said += ["value", np.asarray(solution.value).tolist()]
+                said += ["grad", float(grad), "hessian", float(hessian)]
+                print(device.platform, a0, *said, flush=True)
 
 
 if __name__ == "__main__":

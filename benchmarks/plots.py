@@ -1,16 +1,10 @@
-"""Draw the documentation's pictures from the benchmark results, and write its
-tables.
+"""Write the documentation's tables (`internal/tables.py`) and draw its pictures
+into `docs/images/` from the results of `while_loop.py`, `recomputation.py` and
+`diffrax_adjoint.py`, and the schedule's reference; times nothing.
 
     python benchmarks/plots.py
-
-Runs `tables.write_tables`, which writes every markdown table the docs include into
-`docs/generated/` (`python benchmarks/internal/tables.py` does that alone), then
-reads `benchmarks/results/*.json` (written by `while_loop.py`, `recomputation.py`
-and `diffrax_adjoint.py`) and writes PNGs into `docs/images/`. Nothing is timed:
-every picture is drawn from the results files.
 """
 
-import json
 import pathlib
 import sys
 
@@ -21,11 +15,11 @@ sys.path.append(str(pathlib.Path(__file__).parent / "internal"))  # `tables`
 matplotlib.use("Agg")
 import matplotlib.patches as mpatches  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
+from _format import load, RESULTS  # noqa: E402
 from diffrax_adjoint import adjoint_name, load_run, ratios  # noqa: E402
 from tables import write_tables  # noqa: E402
 
 
-RESULTS = pathlib.Path("benchmarks/results")
 IMAGES = pathlib.Path("docs/images")
 
 # one fixed style per loop, the same in every figure: ours solid, others dashed
@@ -61,8 +55,7 @@ def ones(axes, label):
 
 
 def finish(fig, bottom_axes, xs, name, bottom):
-    """Tick the lower axes at `xs`, and save `fig` with a legend below it (at height
-    `bottom`) as `docs/images/<name>`."""
+    """Tick `xs`, add the legend below `bottom`, save as `docs/images/<name>`."""
     bottom_axes.set_xticks(xs, [str(x) for x in xs])
     bottom_axes.minorticks_off()
     fig.legend(loc="lower center", ncol=2, fontsize=10, frameon=False)
@@ -74,7 +67,7 @@ def finish(fig, bottom_axes, xs, name, bottom):
 def gradient_time():
     """Gradient time over the ideal against `max_steps`: every loop on a log scale,
     then the checkpointed loops (which overlap there) on a linear one."""
-    data = json.loads((RESULTS / "while_loop.json").read_text())
+    data = load("while_loop.json")
     ideal = data["ideal"]["grad_x_s"]
     kinds = list(dict.fromkeys(r["kind"] for r in data["rows"]))
     sizes = sorted({r["max_steps"] for r in data["rows"]})
@@ -91,12 +84,9 @@ def gradient_time():
             done = [r for r in rows if r["grad_x_s"] is not None]
             oom = [r["max_steps"] for r in rows if r["grad_x_s"] is None]
             label = kind + (f" (out of memory from {oom[0]})" if oom else "")
-            ax.plot(
-                [r["max_steps"] for r in done],
-                [r["grad_x_s"] / ideal for r in done],
-                label=label if ax is top else None,
-                **STYLE[kind],
-            )
+            xs = [r["max_steps"] for r in done]
+            ys = [r["grad_x_s"] / ideal for r in done]
+            ax.plot(xs, ys, label=label if ax is top else None, **STYLE[kind])
     ones((top, bottom), "ideal: lax.scan over the 8 steps")
     top.set(
         yscale="log",
@@ -116,7 +106,7 @@ def gradient_time():
 def recomputation():
     """Body evaluations over the optimum against the trip count, one line per loop
     and number of checkpoints: both loops on a log scale, then ours zoomed."""
-    rows = json.loads((RESULTS / "recomputation.json").read_text())
+    rows = load("recomputation.json")
     cs = sorted({r["c"] for r in rows})
     ns = sorted({r["n"] for r in rows})
     colours = dict(zip(cs, ["tab:red", "tab:orange", "tab:green", "tab:blue"]))
@@ -125,27 +115,16 @@ def recomputation():
     for c in cs:
         mine = sorted((r for r in rows if r["c"] == c), key=lambda r: r["n"])
         style = dict(color=colours[c], marker=markers[c], ms=7)
+        xs, ys = [r["n"] for r in mine], [r["ours_over_optimum"] for r in mine]
         for ax in (top, bottom):
-            ax.plot(
-                [r["n"] for r in mine],
-                [r["ours_over_optimum"] for r in mine],
-                ls="-",
-                lw=2,
-                label=f"bl.while_loop, c = {c}" if ax is top else None,
-                **style,
-            )
+            label = f"bl.while_loop, c = {c}" if ax is top else None
+            ax.plot(xs, ys, ls="-", lw=2, label=label, **style)
         eq = [r for r in mine if r["equinox"] is not None]
         missing = [r["n"] for r in mine if r["equinox"] is None]
-        top.plot(
-            [r["n"] for r in eq],
-            [r["equinox_over_optimum"] for r in eq],
-            ls="--",
-            lw=1.5,
-            mfc="white",
-            label=f"equinox checkpointed, c = {c}"
-            + (f" (n = {missing[0]} not run)" if missing else ""),
-            **style,
-        )
+        label = f"equinox checkpointed, c = {c}"
+        label += f" (n = {missing[0]} not run)" if missing else ""
+        xs, ys = [r["n"] for r in eq], [r["equinox_over_optimum"] for r in eq]
+        top.plot(xs, ys, ls="--", lw=1.5, mfc="white", label=label, **style)
     ones((top, bottom), "optimum (bl.scan attains it)")
     top.set(
         yscale="log",
@@ -169,15 +148,14 @@ def schedule(n=40, slots=4):
     # not depend on it
     from tests.schedule_reference import forward_placement, reverse_events
 
-    events = [("forward", i) for i in range(n)] + reverse_events(
-        forward_placement(n, slots), n, slots
-    )
+    placement = forward_placement(n, slots)
+    events = [("forward", i) for i in range(n)] + reverse_events(placement, n, slots)
     colours = {"forward": "k", "advance": "tab:blue", "reverse": "tab:red"}
     fig, ax = plt.subplots(figsize=(6, 7))
     ax.grid(False)  # the grey lines are the checkpoints
     for t, (kind, i) in enumerate(events):
         ax.plot(i, t, "o", ms=2.5, color=colours[kind])
-    for p in forward_placement(n, slots):
+    for p in placement:
         ax.axvline(p, color="0.8", lw=0.8, zorder=0)
     ax.invert_yaxis()
     ax.set(
@@ -191,24 +169,18 @@ def schedule(n=40, slots=4):
 
 
 def diffrax_adjoints():
-    """Time per call relative to diffrax's adjoint for the mode, the workloads of
-    `diffrax_adjoint.py`: one panel per workload, the bars named and ordered as in
-    the diffrax guide's tables (`diffrax_adjoint.diffrax_table`)."""
-    workloads = [
-        w
-        for w in ("neural", "long", "wide")
-        if (RESULTS / f"diffrax_adjoint_{w}.json").exists()
-    ]
+    """Time over diffrax's adjoint for the mode, a panel per workload, the bars as
+    in the diffrax guide's tables."""
+    runs = ("neural", "long", "wide")
+    workloads = [w for w in runs if (RESULTS / f"diffrax_adjoint_{w}.json").exists()]
     if not workloads:
         return
     runs = {w: load_run(w) for w in workloads}
     heights = [len(run["rows"]) for run in runs.values()]
+    size = (7.5, 1.2 * len(runs) + 0.33 * sum(heights))
+    tall = [h + 2.5 for h in heights]
     fig, axes = plt.subplots(
-        len(runs),
-        1,
-        figsize=(7.5, 1.2 * len(runs) + 0.33 * sum(heights)),
-        height_ratios=[h + 2.5 for h in heights],
-        squeeze=False,
+        len(runs), 1, figsize=size, height_ratios=tall, squeeze=False
     )
     colour = {True: "tab:blue", False: "tab:orange"}
     for ax, (workload, run) in zip(axes[:, 0], runs.items()):
@@ -222,22 +194,15 @@ def diffrax_adjoints():
         y = range(len(labels))
         ax.barh(y, times, color=colours)
         for i, ratio in zip(y, times):
-            ax.annotate(
-                f"{ratio:.2f}",
-                (ratio, i),
-                xytext=(3, 0),
-                textcoords="offset points",
-                va="center",
-                fontsize=9,
-            )
+            at = dict(xytext=(3, 0), textcoords="offset points", va="center")
+            ax.annotate(f"{ratio:.2f}", (ratio, i), **at, fontsize=9)
         ax.axvline(1.0, color="k", lw=0.8)
         ax.set_yticks(list(y), labels, fontsize=10)
         ax.invert_yaxis()
         ax.set_xlim(0, max(times) * 1.12)
         ax.grid(axis="y", visible=False)
-        ax.set_title(
-            f"{workload}: {run['steps']} steps of max_steps={max_steps}", fontsize=11
-        )
+        title = f"{workload}: {run['steps']} steps of max_steps={max_steps}"
+        ax.set_title(title, fontsize=11)
     axes[-1, 0].set_xlabel("time / diffrax's adjoint for the mode (lower is faster)")
     handles = [
         mpatches.Patch(color=colour[True], label="boundedloop's adjoint"),

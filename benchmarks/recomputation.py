@@ -1,23 +1,20 @@
-"""Body evaluations in one gradient: ours (`bl.while_loop`, and `bl.scan` for the
-same length known in advance), equinox's checkpointed loop, and the
-optimum for this setting (the forward sweep finishes before the backward starts,
-the trip count unknown to it; the optimum places the checkpoints with hindsight and
-reverses each segment they form by the binomial schedule).
+"""Body evaluations in one gradient, counted by `jax.debug.callback` in the compiled
+programs: ours (`bl.while_loop`, and `bl.scan` for the length known in advance),
+equinox's checkpointed loop, and the optimum when the trip count is unknown until
+the forward sweep ends (checkpoints placed with hindsight, each segment reversed by
+the binomial schedule).
 
     python benchmarks/recomputation.py [--out benchmarks/results/recomputation.json]
-
-Counts are measured in the compiled programs with `jax.debug.callback`.
 """
 
 import argparse
-import json
+import itertools
 import math
-import pathlib
 
 import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
-from _common import EvalCounter
+from _common import EvalCounter, write_json
 from _format import index, load, page, table
 from tests.schedule_reference import gradient_body_evaluations, optimal_placement_costs
 
@@ -68,22 +65,12 @@ def main():
             # counting by callback is slow; equinox's c=2 loop at n=10000 makes tens
             # of millions of evaluations, so it is left out
             theirs = None if (c == 2 and n >= 10000) else count("equinox", n, c)
-            rows.append(
-                {
-                    "n": n,
-                    "c": c,
-                    "optimum": optimum,
-                    "boundedloop": ours,
-                    "scan": scan,
-                    "equinox": theirs,
-                    "ours_over_optimum": round(ours / optimum, 4),
-                    "equinox_over_optimum": None
-                    if theirs is None
-                    else round(theirs / optimum, 4),
-                }
-            )
+            row = dict(n=n, c=c, optimum=optimum, boundedloop=ours, scan=scan)
+            row.update(equinox=theirs, ours_over_optimum=round(ours / optimum, 4))
+            row["equinox_over_optimum"] = theirs and round(theirs / optimum, 4)
+            rows.append(row)
             print(rows[-1], flush=True)
-    pathlib.Path(args.out).write_text(json.dumps(rows, indent=1))
+    write_json(args.out, rows)
     print(recomputation_table(rows))
 
 
@@ -97,24 +84,19 @@ WHY_CELLS = ((10000, 4), (1000, 2), (1000, 4), (10000, 8), (10000, 16))
 
 def repetitions(n: int, c: int) -> int:
     """The smallest integer `r >= 0` with `binomial(c + r, r) >= n`."""
-    r = 0
-    while math.comb(c + r, r) < n:
-        r += 1
-    return r
+    return next(r for r in itertools.count() if math.comb(c + r, r) >= n)
 
 
 def repetitions_table(steps=STEPS, checkpoints=CHECKPOINTS) -> str:
-    """For `n` steps and `c` checkpoints, the smallest `r` with
-    `binomial(c + r, r) >= n` (the binomial checkpointing bound: a gradient then
-    recomputes fewer than `r n` steps). One row per `n`, one column per `c`."""
+    """`repetitions(n, c)` (a gradient then recomputes fewer than `r n` steps), a
+    row per `n` and a column per `c`."""
     header = ["steps `n`", *(f"r for c = {c}" for c in checkpoints)]
     rows = [[n, *(repetitions(n, c) for c in checkpoints)] for n in steps]
     return page(table(header, rows, left=0))
 
 
 def recomputation_table(rows=None) -> str:
-    """Body evaluations per gradient, with their ratio to the optimum in one cell so
-    that the table fits the page; of `rows`, by default `recomputation.json`'s."""
+    """Body evaluations per gradient, each with its ratio to the optimum."""
 
     def cell(count, optimum):
         return "not run" if count is None else f"{count} ({count / optimum:.3f})"
@@ -134,8 +116,7 @@ def recomputation_table(rows=None) -> str:
 
 
 def why_recomputation_table() -> str:
-    """The cells where the two checkpointed loops differ most, with equinox's
-    count over ours (the why page)."""
+    """The `WHY_CELLS`, with equinox's count over ours (the why page)."""
     by_cell = index(load("recomputation.json"), "n", "c")
     rows = []
     for n, c in WHY_CELLS:

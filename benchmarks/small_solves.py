@@ -1,25 +1,14 @@
-"""Small and undifferentiated diffrax solves: `CheckpointedAdjoint()` against
-`RecursiveCheckpointAdjoint()` where fixed costs and compile time dominate
-(issue 30, items 3 and 4), side by side in one process.
+"""Small and undifferentiated diffrax solves, where fixed costs and compile time
+dominate (issue 30, items 3 and 4): `CheckpointedAdjoint()` against
+`RecursiveCheckpointAdjoint()` in one process. Compile: trace + lower and XLA compile
+of a forward solve and its gradient (`Tsit5`, and `Kvaerno5`'s nested loops) on `y'
+= -a0 y + a1`, each from cleared caches, interleaved; fixed cost: the gradient of a
+100-step `Tsit5` solve, states of 1 to 64, interleaved medians. The results record
+`XLA_FLAGS`: a CPU compiles a while loop into one kernel only under
+`xla_cpu_small_while_loop_byte_threshold` (the performance page raises it).
 
-    python benchmarks/small_solves.py [--rounds 200] [--compiles 5] [--out FILE]
-
-- **Compile** (item 3): trace + lower and XLA compile of `jax.jit` of a forward-only
-  solve and of its gradient, `Tsit5` (explicit, PID controller) and `Kvaerno5`
-  (implicit: step loop, stage loop, Newton loop), on `y' = -a0 y + a1` with a state
-  of 4, `t` in [0, 3]. Each compile is from cleared caches (`_common.clear_caches`:
-  diffrax's own jitted solve would otherwise be reused), the two
-  adjoints alternating; medians of `--compiles`.
-- **Fixed cost per step** (item 4): `jax.jit(jax.grad(...))` of a 100-step,
-  constant-step `Tsit5` solve of the same field on states of 1, 2, 4 and 64
-  elements, `SaveAt(t1)`; medians of interleaved rounds after warm-up.
-
-Prints markdown tables; ratios are ours over RCA within this run. The results record
-`XLA_FLAGS`: on CPU, XLA compiles a while loop into one kernel only when the bytes
-its operations touch stay under `xla_cpu_small_while_loop_byte_threshold` (1 kB by
-default), which decides the fixed cost per step of small solves; run with
-`XLA_FLAGS=--xla_backend_extra_options=xla_cpu_small_while_loop_byte_threshold=65536`
-to measure both loops with the limit raised.
+    python benchmarks/small_solves.py [--rounds 200] [--compiles 5]
+        [--out benchmarks/results/small_solves.json]
 """
 
 import argparse
@@ -30,16 +19,13 @@ import statistics
 import diffrax
 import jax
 import jax.numpy as jnp
-from _common import clear_caches, compile_parts, interleaved_medians, write_results
+from _common import cold_compile_parts, interleaved, interleaved_medians, write_results
 from _format import load, page, seconds, table
 
 from boundedloop.diffrax import CheckpointedAdjoint
 
 
-ADJOINTS = {
-    "RCA": diffrax.RecursiveCheckpointAdjoint,
-    "ours": CheckpointedAdjoint,
-}
+ADJOINTS = {"RCA": diffrax.RecursiveCheckpointAdjoint, "ours": CheckpointedAdjoint}
 
 
 def field(t, y, a):
@@ -70,8 +56,7 @@ def solve(y0, a, adjoint, solver, constant_steps, steps=100, dt=0.01):
 
 def make(name, solver_cls, grad, constant_steps=False):
     """A fresh function (a new closure each call, so `jax.jit` has no cache)."""
-    adjoint = ADJOINTS[name]()
-    solver = solver_cls()
+    adjoint, solver = ADJOINTS[name](), solver_cls()
 
     def forward(y0, a):
         return solve(y0, a, adjoint, solver, constant_steps)
@@ -79,11 +64,6 @@ def make(name, solver_cls, grad, constant_steps=False):
     if grad:
         return jax.grad(lambda y0, a: jnp.sum(forward(y0, a) ** 2), argnums=1)
     return forward
-
-
-def compile_seconds(fn, *args):
-    clear_caches()
-    return compile_parts(fn, *args)[:2]
 
 
 def main():
@@ -101,13 +81,12 @@ def main():
     rng = random.Random(0)
     for solver_cls in (diffrax.Tsit5, diffrax.Kvaerno5):
         for grad in (False, True):
-            samples = {k: [] for k in ADJOINTS}
-            order = list(ADJOINTS)
             y0 = jnp.ones(4)
-            for _ in range(args.compiles):
-                rng.shuffle(order)
-                for k in order:
-                    samples[k].append(compile_seconds(make(k, solver_cls, grad), y0, a))
+            calls = {
+                k: lambda k=k: cold_compile_parts(make(k, solver_cls, grad), y0, a)
+                for k in ADJOINTS
+            }
+            samples = interleaved(calls, args.compiles, rng)
             med = {
                 k: tuple(statistics.median(p) for p in zip(*v))
                 for k, v in samples.items()
@@ -115,9 +94,7 @@ def main():
             label = f"{solver_cls.__name__} {'gradient' if grad else 'forward'}"
             ratio = sum(med["ours"]) / sum(med["RCA"])
             results["compile"][label] = {**med, "ratio": ratio}
-            cells = " | ".join(
-                f"{med[k][0]:.2f} + {med[k][1]:.2f}" for k in ("RCA", "ours")
-            )
+            cells = " | ".join(f"{med[k][0]:.2f} + {med[k][1]:.2f}" for k in med)
             print(f"| {label} | {cells} | {ratio:.2f} |")
 
     print("\n## Gradient of a 100-step constant-step Tsit5 solve (ms, medians)\n")
@@ -125,19 +102,14 @@ def main():
     print("|---:|---:|---:|---:|")
     for size in (1, 2, 4, 64):
         y0 = jnp.linspace(0.5, 1.5, size)
-        fns = {
-            k: jax.jit(make(k, diffrax.Tsit5, True, constant_steps=True))
-            for k in ADJOINTS
-        }
+        fns = {k: jax.jit(make(k, diffrax.Tsit5, True, True)) for k in ADJOINTS}
         for fn in fns.values():  # warm-up
             jax.block_until_ready(fn(y0, a))
         med = interleaved_medians(fns, {k: (y0, a) for k in fns}, args.rounds)
         ratio = med["ours"] / med["RCA"]
         results["fixed_cost"][size] = {**med, "ratio": ratio}
-        print(
-            f"| {size} | {1e3 * med['RCA']:.3f} | {1e3 * med['ours']:.3f} "
-            f"| {ratio:.2f} |"
-        )
+        ms = f"{1e3 * med['RCA']:.3f} | {1e3 * med['ours']:.3f}"
+        print(f"| {size} | {ms} | {ratio:.2f} |")
     xla_flags = os.environ.get("XLA_FLAGS", "")
     write_results(args.out, rounds=args.rounds, xla_flags=xla_flags, **results)
 
@@ -146,9 +118,7 @@ def main():
 
 
 def small_solves_table() -> str:
-    """The gradient of a 100-step Tsit5 solve on 1 to 64 elements, ours against
-    `RecursiveCheckpointAdjoint()`, with XLA's CPU limit for compiling a while loop
-    into one kernel at its default and raised (the performance page)."""
+    """The fixed cost by state size, XLA's CPU loop limit at its default and raised."""
     runs = [load("small_solves.json"), load("small_solves_hoisted.json")]
 
     def cells(cell):

@@ -1,15 +1,12 @@
-"""The foundation benchmark: the adaptive-MLP workload, 8 steps taken, at max_steps
-8 .. 4096, for every loop side by side in one process.
+"""The foundation benchmark: the adaptive MLP, 8 steps taken, at max_steps 8 .. 4096,
+every loop side by side in one process; prints the docs' tables of ratios.
 
     python benchmarks/while_loop.py [--out benchmarks/results/while_loop.json]
-
-Writes JSON and prints the docs' tables of ratios (taken within this one run).
 """
 
 import argparse
-import random
+import functools
 import statistics
-import time
 
 import equinox.internal as eqxi
 import jax
@@ -18,10 +15,12 @@ from _common import (
     compile_time,
     count_evals,
     fori_cond_loop,
+    interleaved,
     mlp,
     mlp_weights,
     nested_scan_loop,
     temp_bytes,
+    timed,
     write_results,
 )
 from _format import index, load, nbytes, page, table
@@ -35,10 +34,10 @@ CHECKPOINTS = 8
 MEMORY_BUDGET = 8 * 2**30  # bytes of compiled temporaries we are willing to run
 
 
-def loop_fn(kind, max_steps, checkpoints):
-    """`(cond, body, init) -> final` for each implementation."""
+def loop_fn(kind, max_steps, checkpoints, lib=bl):
+    """`(cond, body, init) -> final` for each implementation (ours from `lib`)."""
     if kind == "boundedloop":
-        return lambda c, b, i: bl.while_loop(
+        return lambda c, b, i: lib.while_loop(
             c, b, i, max_steps=max_steps, checkpoints=checkpoints
         )
     if kind == "boundedloop (default checkpoints)":
@@ -62,8 +61,8 @@ def loop_fn(kind, max_steps, checkpoints):
     raise ValueError(kind)
 
 
-def make(kind, max_steps, checkpoints, counter=None):
-    run = loop_fn(kind, max_steps, checkpoints)
+def make(kind, max_steps, checkpoints, counter=None, lib=bl):
+    run = loop_fn(kind, max_steps, checkpoints, lib)
 
     def forward(w, x):
         def body(carry):
@@ -81,11 +80,9 @@ def prepare(kind, max_steps, checkpoints, weights, x, forward_only=False):
     """Compile everything for one (implementation, max_steps); count evaluations."""
     forward, grad_x, grad_w = make(kind, max_steps, checkpoints)
     row = {"kind": kind, "max_steps": max_steps}
-    _, compiled = compile_time(forward, weights, x)
-    fns = {"forward_s": compiled}
+    fns = {"forward_s": compile_time(forward, weights, x)[1]}
     if not forward_only:
-        ct, compiled = compile_time(grad_x, weights, x)
-        row["grad_compile_s"] = ct
+        row["grad_compile_s"], compiled = compile_time(grad_x, weights, x)
         row["grad_temp_bytes"] = temp_bytes(compiled)
         if row["grad_temp_bytes"] > MEMORY_BUDGET:
             # compiled, but running it would exhaust this machine's memory
@@ -99,38 +96,20 @@ def prepare(kind, max_steps, checkpoints, weights, x, forward_only=False):
     return row, fns
 
 
-def fn_slow(fn, weights, x):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(weights, x))
-    return time.perf_counter() - t0 > 0.5
-
-
 def time_interleaved(entries, weights, x, rounds):
-    """Median times, measured round-robin in a shuffled order so that every
-    implementation sees the same machine load. Calls slower than 20 ms (the
-    baselines whose gradients touch gigabytes) are timed outside the rounds, so
-    that they do not slow down whatever runs after them."""
-    fast, slow = [], []
-    for row, fns in entries:
+    """Each row's medians, timed `interleaved` (every loop sees the same machine
+    load). Calls slower than 20 ms (the baselines whose gradients touch gigabytes)
+    are timed after the rounds, so as not to slow whatever runs after them."""
+    fast, slow = {}, {}
+    for i, (row, fns) in enumerate(entries):
         for key, fn in fns.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn(weights, x))
-            (slow if time.perf_counter() - t0 > 0.02 else fast).append((row, key, fn))
-    samples = {(id(row), key): [] for row, key, _ in fast + slow}
-    order = random.Random(0)
-    for _ in range(rounds):
-        order.shuffle(fast)
-        for row, key, fn in fast:
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn(weights, x))
-            samples[(id(row), key)].append(time.perf_counter() - t0)
-    for row, key, fn in slow:
-        for _ in range(2 if fn_slow(fn, weights, x) else 5):
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn(weights, x))
-            samples[(id(row), key)].append(time.perf_counter() - t0)
-    for row, key, _ in fast + slow:
-        row[key] = statistics.median(samples[(id(row), key)])
+            call = functools.partial(timed, fn, weights, x)
+            (slow if call() > 0.02 else fast)[(i, key)] = call
+    samples = interleaved(fast, rounds)
+    for k, call in slow.items():
+        samples[k] = [call() for _ in range(2 if call() > 0.5 else 5)]
+    for (i, key), times in samples.items():
+        entries[i][0][key] = statistics.median(times)
 
 
 def main():
@@ -155,28 +134,23 @@ def main():
     for row in rows:
         print(row, flush=True)
 
-    def ratio(a, b):
+    def ratio(a, b, key="grad_x_s"):
+        a, b = a[key], b[key]
         return "OOM" if a is None or b is None else round(a / b, 3)
 
     summary = []
     for kind in kinds:
         mine = [r for r in rows if r["kind"] == kind]
         first, last = mine[0], mine[-1]
-        summary.append(
-            {
-                "kind": kind,
-                "grad_last_over_first": ratio(last["grad_x_s"], first["grad_x_s"]),
-                "grad_over_ideal_first": ratio(first["grad_x_s"], ideal["grad_x_s"]),
-                "grad_over_ideal_last": ratio(last["grad_x_s"], ideal["grad_x_s"]),
-                "gradw_over_ideal_last": ratio(last["grad_w_s"], ideal["grad_w_s"]),
-                "forward_over_while_last": ratio(last["forward_s"], plain["forward_s"]),
-                "compile_last_over_first": ratio(
-                    last["grad_compile_s"], first["grad_compile_s"]
-                ),
-                "temp_bytes": " / ".join(str(r["grad_temp_bytes"]) for r in mine),
-                "evals": " / ".join(str(r["body_evals_per_grad"]) for r in mine),
-            }
-        )
+        s = {"kind": kind, "grad_last_over_first": ratio(last, first)}
+        s["grad_over_ideal_first"] = ratio(first, ideal)
+        s["grad_over_ideal_last"] = ratio(last, ideal)
+        s["gradw_over_ideal_last"] = ratio(last, ideal, "grad_w_s")
+        s["forward_over_while_last"] = ratio(last, plain, "forward_s")
+        s["compile_last_over_first"] = ratio(last, first, "grad_compile_s")
+        s["temp_bytes"] = " / ".join(str(r["grad_temp_bytes"]) for r in mine)
+        s["evals"] = " / ".join(str(r["body_evals_per_grad"]) for r in mine)
+        summary.append(s)
     data = dict(checkpoints=CHECKPOINTS, ideal=ideal, lax_while_loop=plain)
     write_results(args.out, **data, rows=rows, summary=summary)
     print(while_loop_table({**data, "rows": rows, "summary": summary}))
@@ -196,17 +170,14 @@ WHY_LOOP_NAMES = {
 
 
 def _results(data=None):
-    """`data` (by default `while_loop.json`'s), its `max_steps` in order, and its
-    rows by (kind, max_steps)."""
+    """`data` (or the file's), its sizes, and its rows by (kind, max_steps)."""
     data = data or load("while_loop.json")
     sizes = sorted({r["max_steps"] for r in data["rows"]})
     return data, sizes, index(data["rows"], "kind", "max_steps")
 
 
 def while_loop_table(data=None) -> str:
-    """The gradient-time benchmark as narrow tables: time ratios, then memory and
-    body evaluations for each `max_steps` (the performance page); of `data`, by
-    default `while_loop.json`'s."""
+    """Time ratios, then memory and evaluations by `max_steps` (performance page)."""
     data, sizes, by = _results(data)
     first, last, summary = sizes[0], sizes[-1], data["summary"]
 
@@ -220,6 +191,11 @@ def while_loop_table(data=None) -> str:
         ]
         return table(["loop", *map(str, sizes)], rows)
 
+    grads = ["loop", f"grad {last} / {first}", f"grad / ideal @{first}"]
+    grads += [f"grad / ideal @{last}", f"grad_w / ideal @{last}"]
+    keys = ["grad_last_over_first", "grad_over_ideal_first", "grad_over_ideal_last"]
+    forward = ["loop", f"forward / `lax.while_loop` @{last}"]
+    forward += [f"gradient compile time {last} / {first}"]
     return page(
         f"Adaptive MLP, 8 steps taken, checkpoints={data['checkpoints']}; ratios "
         f"within one run. The ideal, `lax.scan` over exactly the 8 steps: gradient "
@@ -227,23 +203,10 @@ def while_loop_table(data=None) -> str:
         f"{data['lax_while_loop']['forward_s'] * 1e3:.2f} ms. OOM: the gradient "
         "did not fit in memory. Gradient time, ratios (grad: with respect to `x`; "
         "grad_w: with respect to the weights):",
-        table(
-            ["loop", f"grad {last} / {first}", f"grad / ideal @{first}"]
-            + [f"grad / ideal @{last}", f"grad_w / ideal @{last}"],
-            columns(
-                "grad_last_over_first",
-                "grad_over_ideal_first",
-                "grad_over_ideal_last",
-                "gradw_over_ideal_last",
-            ),
-        ),
+        table(grads, columns(*keys, "gradw_over_ideal_last")),
         "Forward (undifferentiated) time over `lax.while_loop`'s, and the gradient's "
         "compile time, ratios:",
-        table(
-            ["loop", f"forward / `lax.while_loop` @{last}"]
-            + [f"gradient compile time {last} / {first}"],
-            columns("forward_over_while_last", "compile_last_over_first"),
-        ),
+        table(forward, columns("forward_over_while_last", "compile_last_over_first")),
         "Compiled temporary memory of the gradient, by `max_steps`:",
         by_size("grad_temp_bytes", nbytes),
         "Body evaluations in one gradient (-: not run, out of memory), by `max_steps`:",
@@ -252,8 +215,7 @@ def while_loop_table(data=None) -> str:
 
 
 def why_while_loop_table() -> str:
-    """The same benchmark, one row per loop: is the gradient flat in `max_steps`
-    (the why page)."""
+    """A row per loop: is the gradient flat in `max_steps` (the why page)."""
     data, sizes, by = _results()
     first, last = sizes[0], sizes[-1]
 

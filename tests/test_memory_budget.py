@@ -307,10 +307,10 @@ def test_tape_keeps_inputs_of_elementwise_operations():
     """A row of `tanh(y @ W)`'s tape holds `y` and `y @ W` (two arrays of the
     carry's size), not `tanh`'s result too: the pullback computes it again. A body
     with an effect keeps all three, so that the effect runs once per evaluation."""
-    y = jnp.ones((2, 4))
+    y, w = jnp.ones((2, 4)), jnp.full((4, 4), 0.3)
 
-    def body(c):
-        return c[0] + 1, jnp.tanh(c[1] @ jnp.ones((4, 4)))
+    def body(c):  # differentiated in `w` too, which needs `y`
+        return c[0] + 1, jnp.tanh(c[1] @ w)
 
     def body_with_effect(c):
         jax.debug.callback(lambda _: None, c[1][0, 0])

@@ -1,18 +1,11 @@
-"""What `bl.buffer_checks()` costs: gradients compiled with the checks on against
-the same gradients with them off (the default), timed in one process after
-warm-up, the two back to back in a random order each round; the medians, the
-median and quartiles of the per-round ratio, and the compiled temporary memory.
+"""What `bl.buffer_checks()` costs: gradients with the checks on against off, back to
+back in a random order each round after a warm-up: medians, the per-round ratio's
+median and quartiles, temp memory. On `buffers.py`'s workload and on steps of growing
+work (`v <- tanh(W v + row i - 1)`, W of (w, w)), labelled with the work the cost
+model sees (internal: `_cost_model.work`).
 
-    python benchmarks/internal/buffer_checks.py [--rounds 40] [--out FILE]
-
-writes `benchmarks/results/buffer_checks.json` (or FILE); `checks_table` makes the docs' table.
-
-The workloads: `regression.py`'s buffer gradient, an M-step loop writing one row of
-an (M, 256) buffer per step (M = 256 and 4096), whose step is a few operations; and
-steps of growing work, `v <- tanh(W v + row i - 1)` with a (w, w) matrix, writing
-row i of a (256, w) buffer and reading row i - 1, w = 64 to 1024. Internal: it
-reaches inside the package to label each step with the work the cost model sees
-(`_cost_model.work`), which decides the reverse sweep the checks ride on.
+    python benchmarks/internal/buffer_checks.py [--rounds 40]
+        [--out benchmarks/results/buffer_checks.json]
 """
 
 import argparse
@@ -20,19 +13,23 @@ import json
 import pathlib
 import random
 import statistics
-import time
+import sys
 
-import jax
-import jax.numpy as jnp
-from regression import BUFFER_ROWS, make_buffers
 
-import boundedloop as bl
-from boundedloop._sweeps import _cost_model
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # benchmarks/
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from _common import timed  # noqa: E402
+from _format import load, page, RESULTS, table  # noqa: E402
+from regression import BUFFER_ROWS, make_buffers  # noqa: E402
+
+import boundedloop as bl  # noqa: E402
+from boundedloop._sweeps import _cost_model  # noqa: E402
 
 
 def make_matvec(width, rows=256, checkpoints=16):
-    """The gradient of a step of `width**2` work that writes row i and reads row
-    i - 1 of a (rows, width) buffer."""
+    """The gradient of `width**2` work a step, writing row i and reading row i - 1."""
     w = jax.random.normal(jax.random.key(0), (width, width)) / (2 * width**0.5)
 
     def body(carry):
@@ -67,12 +64,8 @@ def workloads():
         yield f"(w, w) matrix, w={width} (work {work})", fn, args
 
 
-def switch(on: bool):
-    return bl.buffer_checks(on)
-
-
 def temp_bytes(fn, args, on: bool) -> int:
-    with switch(on):
+    with bl.buffer_checks(on):
         return fn.lower(*args).compile().memory_analysis().temp_size_in_bytes
 
 
@@ -84,67 +77,53 @@ def main():
     cases = []
     for label, fn, fn_args in workloads():
         for on in (True, False):
-            with switch(on):  # compile, warm up
+            with bl.buffer_checks(on):  # compile, warm up
                 for _ in range(3):
                     jax.block_until_ready(fn(*fn_args))
         cases.append((label, fn, fn_args))
-    order = [c[0] for c in cases]
     times = {(c[0], on): [] for c in cases for on in (True, False)}
+    shuffled = list(cases)
     for _ in range(args.rounds):
-        random.shuffle(cases)
-        for label, fn, fn_args in cases:
+        random.shuffle(shuffled)
+        for label, fn, fn_args in shuffled:
             for on in random.sample((True, False), 2):
-                with switch(on):
-                    start = time.perf_counter()
-                    jax.block_until_ready(fn(*fn_args))
-                    times[(label, on)].append(time.perf_counter() - start)
+                with bl.buffer_checks(on):
+                    times[(label, on)].append(timed(fn, *fn_args))
     rows = []
-    for label, fn, fn_args in sorted(cases, key=lambda c: order.index(c[0])):
+    for label, fn, fn_args in cases:
         on, off = times[(label, True)], times[(label, False)]
         q1, q2, q3 = statistics.quantiles([a / b for a, b in zip(on, off)], n=4)
-        rows.append(
-            {
-                "workload": label,
-                "on_ms": statistics.median(on) * 1e3,
-                "off_ms": statistics.median(off) * 1e3,
-                "ratio": q2,
-                "quartiles": [q1, q3],
-                "temp_bytes": [temp_bytes(fn, fn_args, on) for on in (True, False)],
-            }
-        )
+        row = dict(workload=label, on_ms=statistics.median(on) * 1e3)
+        row.update(off_ms=statistics.median(off) * 1e3, ratio=q2, quartiles=[q1, q3])
+        row["temp_bytes"] = [temp_bytes(fn, fn_args, on) for on in (True, False)]
+        rows.append(row)
     results = {"backend": jax.default_backend(), "rounds": args.rounds, "rows": rows}
-    out = pathlib.Path(args.out or RESULTS)
+    out = pathlib.Path(args.out or RESULTS / "buffer_checks.json")
     out.write_text(json.dumps(results, indent=1) + "\n")
     print(checks_table(results))
 
 
-RESULTS = pathlib.Path(__file__).parents[1] / "results" / "buffer_checks.json"
-
-
 def checks_table(results: dict | str | None = None) -> str:
-    """The docs' table of `results`: a dict, or the committed results file of a
-    backend (`"tpu"`: `benchmarks/results/buffer_checks_tpu.json`; `None`: this machine's)."""
+    """The docs' table of `results`: a dict, or a backend's results file (`"tpu"`:
+    `buffer_checks_tpu.json`; `None`: `buffer_checks.json`)."""
     if not isinstance(results, dict):
-        suffix = "" if results is None else f"_{results}"
-        results = json.loads(RESULTS.with_stem(RESULTS.stem + suffix).read_text())
-    lines = [
-        "| gradient | checked (ms) | unchecked (ms) | checked / unchecked, median "
-        "(quartiles) | temp memory checked / unchecked (kB) |",
-        "|---|---|---|---|---|",
-    ]
+        results = load(f"buffer_checks{'' if results is None else '_' + results}.json")
+    header = ["gradient", "checked (ms)", "unchecked (ms)"]
+    header += ["checked / unchecked, median (quartiles)"]
+    header += ["temp memory checked / unchecked (kB)"]
+    cells = []
     for row in results["rows"]:
         q1, q3 = row["quartiles"]
         on, off = (b / 1e3 for b in row["temp_bytes"])
-        lines.append(
-            f"| {row['workload']} | {row['on_ms']:.3f} | {row['off_ms']:.3f} | "
-            f"{row['ratio']:.3f} ({q1:.3f} to {q3:.3f}) | {on:.1f} / {off:.1f} |"
+        cells.append(
+            [row["workload"], f"{row['on_ms']:.3f}", f"{row['off_ms']:.3f}"]
+            + [f"{row['ratio']:.3f} ({q1:.3f} to {q3:.3f})", f"{on:.1f} / {off:.1f}"]
         )
-    lines.append("")
-    lines.append(
+    return page(
+        table(header, cells, left=len(header)),
         f"{results['rounds']} rounds on the {results['backend']} backend; in each "
-        "round the two programs run back to back in a random order."
+        "round the two programs run back to back in a random order.",
     )
-    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

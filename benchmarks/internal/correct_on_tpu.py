@@ -1,32 +1,20 @@
-"""Right on every backend, and what it costs: the loop XLA's TPU while-loop simplifier
-miscompiles, through every transform, and the guard's price.
-
-`errors`: a loop whose counter starts at a constant 0 and whose step `i` reads the row
-step `i - 1` wrote (`where(i > 0, buf[max(i - 1, 0)], x)`), through jit, jvp, jacfwd,
-jacrev, grad, vmap of jvp and hessian, as `lax.scan`, `lax.while_loop`,
-`lax.fori_loop`, equinox's loops and ours (checkpoints 1, 2 and None, with and
-without `buffers=`, and once with the guard off), each against the same transform of
-the loop unrolled in Python (no loop for XLA to simplify) on the host CPU backend: the
-largest absolute error.
-
-`cost`: ours with the guard (`boundedloop._runtime._shard_map.HIDE_COUNTERS`) on and off:
-forward and gradient time per call (interleaved medians after warm-up, one process),
-XLA compile seconds (alternating, several repetitions) and compiled temp bytes.
+"""Right on every backend, and what it costs. `errors`: a loop whose step `i` reads
+the row step `i - 1` wrote (the loop XLA's TPU while-loop simplifier miscompiles) as
+`lax` loops, equinox's and ours, through jit, jvp, jacfwd, jacrev, grad, vmap and
+hessian: the largest error against the loop unrolled in Python on the host CPU.
+`cost`: ours with the guard on and off: time (interleaved medians), XLA compile
+(medians of alternating repetitions) and temp bytes. Internal: it turns the guard
+off (`boundedloop._runtime._shard_map.HIDE_COUNTERS`).
 
     python benchmarks/internal/correct_on_tpu.py [--part errors|cost|all]
 
-writes `benchmarks/results/correct_on_tpu_<backend>.json` and a `.txt` table;
-`python benchmarks/internal/tables.py` makes the docs' tables from the JSON (with the
-fuzzer's findings, `tests/test_differential.py`'s) by the functions at the end.
-Internal: it reaches inside the package to turn the guard off
-(`_runtime._shard_map.HIDE_COUNTERS`), to show what the guard prevents and costs.
+writes `benchmarks/results/correct_on_tpu_<backend>.json` and its `.txt`.
 """
 
 import argparse
 import pathlib
 import statistics
 import sys
-import time
 
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # benchmarks/
@@ -35,8 +23,13 @@ import equinox.internal as eqxi  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from _common import interleaved_medians, temp_bytes, write_results  # noqa: E402
-from _format import load, nbytes, page, seconds, table  # noqa: E402
+from _common import (  # noqa: E402
+    compile_parts,
+    interleaved_medians,
+    temp_bytes,
+    write_results,
+)
+from _format import load, nbytes, page, RESULTS, seconds, table  # noqa: E402
 from jax import lax  # noqa: E402
 
 import boundedloop as bl  # noqa: E402
@@ -117,19 +110,19 @@ TRANSFORMS = {
 
 
 def errors() -> dict:
-    cpu = jax.devices("cpu")[0]
-    with jax.default_device(cpu):
+    with jax.default_device(jax.devices("cpu")[0]):
         truth = {k: np.asarray(t(unrolled)) for k, t in TRANSFORMS.items()}
     rows = {}
-    for name, f in loops().items():
+
+    def measure(name, f):
         rows[name] = {k: _error(t, f, truth[k]) for k, t in TRANSFORMS.items()}
         print(name, rows[name], flush=True)
+
+    for name, f in loops().items():
+        measure(name, f)
     _shard_map.HIDE_COUNTERS = False
     try:
-        name = "ours, checkpoints=2, buffers, guard off"
-        f = ours(2, True)
-        rows[name] = {k: _error(t, f, truth[k]) for k, t in TRANSFORMS.items()}
-        print(name, rows[name], flush=True)
+        measure("ours, checkpoints=2, buffers, guard off", ours(2, True))
     finally:
         _shard_map.HIDE_COUNTERS = True
     return rows
@@ -142,9 +135,11 @@ def _error(transform, f, truth):
         return f"{type(e).__name__}"
 
 
+SHAPE = ("batch", "width", "steps", "max_steps", "checkpoints")
+
+
 def _workloads(backend: str) -> dict:
-    """(batch, width, steps, max_steps, checkpoints) per workload: the issue's on an
-    accelerator, smaller on a CPU."""
+    """A `SHAPE` per workload: the issue's on an accelerator, smaller on a CPU."""
     if backend == "cpu":
         return {"wide": (64, 256, 64, 256, 16), "tiny": (1, 64, 2000, 4096, 16)}
     return {"wide": (512, 4096, 256, 1024, 16), "tiny": (1, 64, 5000, 8192, 16)}
@@ -158,14 +153,8 @@ def _programs(batch, width, steps, max_steps, checkpoints):
             x, i = carry
             return jnp.tanh(x @ w), i + 1
 
-        out = bl.while_loop(
-            lambda c: c[1] < n,
-            step,
-            (x, 0),
-            max_steps=max_steps,
-            checkpoints=checkpoints,
-        )
-        return jnp.sum(out[0] ** 2)
+        kw = dict(max_steps=max_steps, checkpoints=checkpoints)
+        return jnp.sum(bl.while_loop(lambda c: c[1] < n, step, (x, 0), **kw)[0] ** 2)
 
     w = jax.random.normal(jax.random.key(0), (width, width)) / np.sqrt(width)
     x = jax.random.normal(jax.random.key(1), (batch, width))
@@ -183,23 +172,16 @@ def cost(reps: int = 3, rounds: int = 15) -> dict:
                 programs, args = _programs(*shape)
                 for kind, fn in programs.items():
                     key = f"{kind}, guard {'on' if hide else 'off'}"
-                    lowered = jax.jit(fn).lower(*args)
-                    t0 = time.perf_counter()
-                    compiled[key] = lowered.compile()
-                    compile_s.setdefault(key, []).append(time.perf_counter() - t0)
+                    _, took, compiled[key] = compile_parts(fn, *args)
+                    compile_s.setdefault(key, []).append(took)
                     temp[key] = temp_bytes(compiled[key])
         _shard_map.HIDE_COUNTERS = True
         for fn in compiled.values():  # warm-up
             jax.block_until_ready(fn(*args))
         times = interleaved_medians(compiled, {k: args for k in compiled}, rounds)
-        results[name] = {
-            "shape": dict(
-                zip(["batch", "width", "steps", "max_steps", "checkpoints"], shape)
-            ),
-            "time_s": times,
-            "compile_s": {k: statistics.median(v) for k, v in compile_s.items()},
-            "temp_bytes": temp,
-        }
+        compile_s = {k: statistics.median(v) for k, v in compile_s.items()}
+        results[name] = dict(shape=dict(zip(SHAPE, shape)), time_s=times)
+        results[name].update(compile_s=compile_s, temp_bytes=temp)
         print(name, results[name], flush=True)
     return results
 
@@ -219,12 +201,7 @@ def main():
     if args.part in ("cost", "all"):
         payload["cost"] = cost(args.reps, args.rounds)
         payload["repetitions"] = {"compiles": args.reps, "rounds": args.rounds}
-    out = pathlib.Path(
-        args.out
-        or pathlib.Path(__file__).parents[1]
-        / "results"
-        / f"correct_on_tpu_{backend}.json"
-    )
+    out = pathlib.Path(args.out or RESULTS / f"correct_on_tpu_{backend}.json")
     write_results(out, **payload)
     text = page(
         errors_table(payload) if "errors" in payload else None,
@@ -254,46 +231,29 @@ def errors_table(payload: dict) -> list[str]:
     return table(["loop", *transforms], rows, right="--:")
 
 
-def guard_cost(payload: dict) -> dict:
-    """What the guard costs, for each (workload, program): the seconds per call and
-    of XLA compile with the guard on, each with its ratio on over off (`time`,
-    `compile`), and the temp bytes on and off."""
-    found = {}
+def cost_table(payload: dict) -> list[str]:
+    """Per workload and program: time and compile, guard on and on / off; temp bytes."""
+    rows = []
     for workload, r in payload["cost"].items():
+        s, time, compile_s = r["shape"], r["time_s"], r["compile_s"]
         for program in ("forward", "gradient"):
             on, off = f"{program}, guard on", f"{program}, guard off"
-            time, compile_s = r["time_s"], r["compile_s"]
-            found[workload, program] = dict(
-                time=(time[on], time[on] / time[off]),
-                compile=(compile_s[on], compile_s[on] / compile_s[off]),
-                temp_bytes=(r["temp_bytes"][on], r["temp_bytes"][off]),
+            rows.append(
+                [
+                    f"{workload}: batch {s['batch']}, width {s['width']}, "
+                    f"{s['steps']} of {s['max_steps']} steps",
+                    program,
+                    f"{time[on] / time[off]:.3f} ({seconds(time[on])})",
+                    f"{compile_s[on] / compile_s[off]:.2f} ({compile_s[on]:.2f} s)",
+                    " / ".join(nbytes(r["temp_bytes"][k]) for k in (on, off)),
+                ]
             )
-    return found
-
-
-def cost_table(payload: dict) -> list[str]:
-    """`guard_cost` as a table, a row per workload and program."""
-    rows = []
-    for (workload, program), cost in guard_cost(payload).items():
-        shape = payload["cost"][workload]["shape"]
-        (time, time_ratio), (compile_s, compile_ratio) = cost["time"], cost["compile"]
-        rows.append(
-            [
-                f"{workload}: batch {shape['batch']}, width {shape['width']}, "
-                f"{shape['steps']} of {shape['max_steps']} steps",
-                program,
-                f"{time_ratio:.3f} ({seconds(time)})",
-                f"{compile_ratio:.2f} ({compile_s:.2f} s)",
-                " / ".join(nbytes(n) for n in cost["temp_bytes"]),
-            ]
-        )
     header = ["workload", "program", "time, on/off", "XLA compile, on/off"]
     return table([*header, "temp, on / off"], rows, left=2, right="--:")
 
 
 def correct_on_tpu_table(backend: str) -> str:
-    """`correct_on_tpu_<backend>.json`: the errors, then what the guard costs (the
-    correct-on-TPU page)."""
+    """The errors, then what the guard costs (the correct-on-TPU page)."""
     payload = load(f"correct_on_tpu_{backend}.json")
     device = payload["devices"][0].split("(")[0]
     return page(
@@ -308,11 +268,10 @@ def correct_on_tpu_table(backend: str) -> str:
 
 
 def fuzz_findings(name: str = "fuzz_tpu.jsonl") -> dict:
-    """What `tests/test_differential.py`'s fuzzer found (`benchmarks/results/<name>`):
-    the bodies, ours' largest error, how many `lax.fori_loop` got wrong, and how
-    many of two or more steps it got right and wrong by how a read is guarded: each
-    form, in single-read bodies (`forms`), and a read of the previous row guarded
-    by `i > 0` or not (`by_guard`)."""
+    """What `tests/test_differential.py`'s fuzzer found (`results/<name>`): bodies,
+    ours' largest error, how many `lax.fori_loop` got wrong, and of two or more
+    steps, how many it got right and wrong by each guard form of single-read bodies
+    (`forms`) and by a read of the previous row guarded by `i > 0` (`by_guard`)."""
     found = load(name)
     forms, by_guard = {}, {(a, b): 0 for a in (True, False) for b in (True, False)}
     for f in found:
@@ -325,16 +284,12 @@ def fuzz_findings(name: str = "fuzz_tpu.jsonl") -> dict:
             forms.setdefault((lag, test), [0, 0])[wrong] += 1
         guarded = any(lag == 1 and test in (">", "cond") for lag, test, _ in p["reads"])
         by_guard[guarded, wrong] += 1
-    return {
-        "by_guard": by_guard,
-        "bodies": len(found),
-        "backend": found[0]["backend"],
-        "ours_max": max(f["ours"] for f in found),
-        "lax_wrong": sum(f["lax"] > 1e-3 for f in found),
-        "forms": forms,
-    }
+    said = dict(by_guard=by_guard, bodies=len(found), backend=found[0]["backend"])
+    said.update(ours_max=max(f["ours"] for f in found))
+    return said | dict(lax_wrong=sum(f["lax"] > 1e-3 for f in found), forms=forms)
 
 
+LAX = ["lax right", "lax wrong"]
 # how a body of the fuzzer guards its read `buf[i - n]`, written out (k = n - 1)
 GUARDS_WRITTEN = {
     ">": "i > {k}",
@@ -346,8 +301,7 @@ GUARDS_WRITTEN = {
 
 
 def tpu_fuzz_table() -> str:
-    """The fuzzer's findings on the TPU, by guard, and in one line on the CPU (the
-    correct-on-TPU page)."""
+    """The fuzzer's findings on the TPU by guard, and on the CPU in one line."""
     f, cpu = fuzz_findings(), fuzz_findings("fuzz_cpu.jsonl")
     forms = [
         [f"`{GUARDS_WRITTEN[test].format(k=lag - 1, n=lag)}` before `buf[i - {lag}]`"]
@@ -363,14 +317,10 @@ def tpu_fuzz_table() -> str:
         f"error {f['ours_max']:.1e} against complex-step NumPy, none wrong. "
         f"`lax.fori_loop`: {f['lax_wrong']} wrong (error above 1e-3). The bodies with "
         "one read and two or more steps, by how the read is guarded:",
-        table(["guard", "lax right", "lax wrong"], forms, right="--:"),
+        table(["guard", *LAX], forms, right="--:"),
         "All bodies of two or more steps (one or two reads), by whether one of their "
         "reads of the previous row is guarded by `i > 0` (`where` or `lax.cond`):",
-        table(
-            ["a read guarded by `i > 0`", "lax right", "lax wrong"],
-            guarded,
-            right="--:",
-        ),
+        table(["a read guarded by `i > 0`", *LAX], guarded, right="--:"),
         f"The same fuzzer on the {cpu['backend'].upper()}, {cpu['bodies']} bodies: "
         f"ours, largest error {cpu['ours_max']:.1e}; `lax.fori_loop`, "
         f"{cpu['lax_wrong']} wrong.",

@@ -1,48 +1,39 @@
-"""This tree against an earlier revision of boundedloop, side by side in one process:
-gradient time (round-robin, shuffled, medians) and body evaluations per gradient on
-the foundation workload (adaptive MLP, 8 steps taken), and gradient time on the
-buffer workload of `buffers.py` (one row of an (M, 256) buffer written per step)
-and on the neural ODE of `diffrax_adjoint.py` with `CheckpointedAdjoint()` and
-`CheckpointedAdjoint(checkpoints=16)` (every step of its fill phase is a store).
+"""This tree against an earlier revision of boundedloop, both imported in one process
+(`REV` checked out by `git worktree`): gradient time (interleaved medians) of the
+workloads of `while_loop.py` (with body evaluations), `buffers.py`, `cheap_steps.py`,
+`small_solves.py` and `diffrax_adjoint.py`'s neural ODE. Publishes no figure: a
+change's commit message reports its ratios.
 
     python benchmarks/internal/regression.py REV [--rounds 30] [--out FILE]
-
-`REV` is checked out with `git worktree` into a temporary folder and imported under
-another name, so both versions are compiled and timed in the same process. Internal:
-it reaches past the public API to import a second revision of the package beside
-this one; it publishes no figure (a change's commit message reports its ratios).
 """
 
 import argparse
 import importlib
 import importlib.util
-import json
 import pathlib
 import sys
 
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # benchmarks/
 
+import buffers  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import while_loop  # noqa: E402
 from _common import (  # noqa: E402
     count_evals,
     euler_step,
     interleaved_medians,
-    mlp,
     mlp_weights,
+    write_json,
 )
 from same_programs import worktree  # noqa: E402
 
 import boundedloop as bl  # noqa: E402
 
 
-TRIPS = 8
-
-
 def import_revision(rev: str, where: pathlib.Path):
-    """`boundedloop` as of `rev`, checked out at `where`, imported as the module
-    `boundedloop_<rev>`."""
+    """`boundedloop` as of `rev` (checked out at `where`) as `boundedloop_<rev>`."""
     name = f"boundedloop_{rev.replace('-', '_').replace('~', '_')}"
     spec = importlib.util.spec_from_file_location(
         name,
@@ -56,50 +47,16 @@ def import_revision(rev: str, where: pathlib.Path):
 
 
 def make(lib, max_steps, checkpoints, counter=None):
-    def forward(w, x):
-        def body(carry):
-            x, step = carry
-            if counter is not None:
-                counter(step)
-            return mlp(w, x), step + 1
-
-        init = (x, jnp.array(0))
-        out = lib.while_loop(
-            lambda c: c[1] < TRIPS,
-            body,
-            init,
-            max_steps=max_steps,
-            checkpoints=checkpoints,
-        )
-        return jnp.sum(out[0])
-
-    return forward
+    """`while_loop.py`'s forward through `lib`'s loop."""
+    return while_loop.make("boundedloop", max_steps, checkpoints, counter, lib)[0]
 
 
 BUFFER_ROWS = (256, 4096)
 
 
-def make_buffers(lib, rows, width=256, checkpoints=16):
-    """`buffers.py`'s workload: the gradient of an M-step loop writing one row of an
-    (M, width) buffer per step."""
-
-    def loss(scale, v0):
-        def body(carry):
-            v, buf, i = carry
-            v = jnp.tanh(v * scale + 0.01)
-            return v, buf.at[i].set(v), i + 1
-
-        out = lib.while_loop(
-            lambda c: c[2] < rows,
-            body,
-            (v0, jnp.zeros((rows, width)), jnp.array(0)),
-            max_steps=rows,
-            checkpoints=checkpoints,
-            buffers=lambda c: c[1],
-        )
-        return jnp.sum(out[1] ** 2)
-
-    return jax.jit(jax.grad(loss, argnums=(0, 1)))
+def make_buffers(lib, rows):
+    """`buffers.py`'s gradient with `buffers=`, through `lib`'s loop."""
+    return jax.jit(buffers.make("boundedloop buffers", rows, lib))
 
 
 DIFFRAX_CHECKPOINTS = (None, 16)
@@ -110,21 +67,15 @@ def make_euler(lib, n=1000, width=32, checkpoints=16):
     w = jax.random.normal(jax.random.key(0), (width, width)) / 6
 
     def loss(w, x0):
-        final = lib.while_loop(
-            lambda c: c[1] < n,
-            euler_step(w, jnp.zeros(width)),
-            (x0, jnp.array(0)),
-            max_steps=n,
-            checkpoints=checkpoints,
-        )
-        return jnp.sum(final[0] ** 2)
+        step, init = euler_step(w, jnp.zeros(width)), (x0, jnp.array(0))
+        kw = dict(max_steps=n, checkpoints=checkpoints)
+        return jnp.sum(lib.while_loop(lambda c: c[1] < n, step, init, **kw)[0] ** 2)
 
     return jax.jit(jax.grad(loss)), (w, jnp.ones(width))
 
 
 def make_small_solve(lib):
-    """`small_solves.py`'s gradient of a 100-step constant-step `Tsit5` solve of
-    one number through `lib`'s adjoint."""
+    """`small_solves.py`'s 100-step `Tsit5` gradient, through `lib`'s adjoint."""
     import diffrax
     from small_solves import solve
 
@@ -145,8 +96,7 @@ TRICKS = {
 
 
 def make_diffrax(lib, checkpoints):
-    """The gradient of `diffrax_adjoint.py`'s neural ODE through `lib`'s adjoint,
-    and its arguments."""
+    """`diffrax_adjoint.py`'s neural ODE gradient through `lib`'s adjoint; args."""
     import diffrax_adjoint as workload
     import equinox as eqx
 
@@ -230,9 +180,7 @@ def main():
             f"{new / prev:.3f} | {said} |"
         )
     if args.out:
-        pathlib.Path(args.out).write_text(
-            json.dumps({"rev": args.rev, "rounds": args.rounds, "rows": rows}, indent=1)
-        )
+        write_json(args.out, {"rev": args.rev, "rounds": args.rounds, "rows": rows})
 
 
 if __name__ == "__main__":

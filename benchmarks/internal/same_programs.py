@@ -1,28 +1,11 @@
-"""Does a change alter what reaches XLA? The lowered programs of a set of transforms
-of our loops, in this tree and at a git revision, compared by hash.
+"""Does a change alter what reaches XLA? The lowered `programs` of our loops, in this
+tree and at a revision (a worktree, in a process of its own), compared by hash: where
+all are the same, a result measured at `REV` on a device holds for this tree. With
+`--off-cpu`, the cost model's backend-dependent choices are made as on a TPU.
+Internal: it reaches inside the package's cost model.
 
-    python benchmarks/internal/same_programs.py REV [--off-cpu] [--out FILE]
-
-Where every program is byte-identical, the two trees hand XLA the same programs, so
-a result measured on a device at `REV` (a TPU's suite run, say) holds for this tree
-for those programs. The programs: a 7-step loop that reads the row its last step
-wrote (the form XLA miscompiles on a TPU), at 1, 3 and `None` checkpoints, with and
-without `buffers=`, its primal, gradient, JVP, Hessian and vmapped gradient; a
-loop nested in a loop; `bl.scan`; and diffrax's and optimistix's gradients through
-our adjoints. Each tree runs in a process of its own (`PYTHONPATH` set to a git
-worktree for `REV`). Prints one line a program and the count that differ; the
-results file (default `benchmarks/results/same_programs.txt`) holds the lines.
-
-The programs are lowered on the host CPU. The choice of ours that depends on the
-backend is `_cost_model.runs_in_order` (a CPU's loops of small arrays; from c0e8ec0
-until 7c3cdd8, `_cost_model.is_cheap` too: a TPU's nested loops at any work; and
-`_cost_model.shares_one_step`, a TPU's one loop for steps of much work, which none of
-these small programs has); with
-`--off-cpu` it is made as on a TPU, so that the programs are those a TPU would get
-(results default `benchmarks/results/same_programs_off_cpu.txt`).
-
-Internal: it reaches inside the package (`_sweeps._cost_model`) to make the programs
-as a TPU would get them, and lowers two revisions of the package side by side.
+    python benchmarks/internal/same_programs.py REV [--off-cpu]
+        [--out benchmarks/results/same_programs.txt (same_programs_off_cpu.txt)]
 """
 
 import argparse
@@ -42,11 +25,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 def git(*args, check=False) -> str:
     """`git -C ROOT *args`'s output."""
-    run = subprocess.run(
-        ["git", "-C", str(ROOT), *args], capture_output=True, text=True
-    )
-    if check:
-        run.check_returncode()
+    command = ["git", "-C", str(ROOT), *args]
+    run = subprocess.run(command, capture_output=True, text=True, check=check)
     return run.stdout.strip()
 
 
@@ -77,18 +57,13 @@ def programs() -> dict:
     except ImportError:  # a tree from before the layers' subpackages (0c4fd6b)
         from boundedloop import _cost_model
 
-    if os.environ.get("SAME_PROGRAMS_OFF_CPU"):
-        # as `runs_in_order` (and, in trees that have its `backend`, `is_cheap`)
-        # decide on a TPU
+    if os.environ.get("SAME_PROGRAMS_OFF_CPU"):  # decide as on a TPU
         _cost_model.runs_in_order = lambda *args: False
-        if "backend" in inspect.signature(_cost_model.is_cheap).parameters:
-            _cost_model.is_cheap = functools.partial(
-                _cost_model.is_cheap, backend="tpu"
-            )
-        if hasattr(_cost_model, "shares_one_step"):  # from 47953b9's merge
-            _cost_model.shares_one_step = functools.partial(
-                _cost_model.shares_one_step, backend="tpu"
-            )
+        # `is_cheap` took a `backend` in some trees, `shares_one_step` from 47953b9
+        for name in ("is_cheap", "shares_one_step"):
+            fn = getattr(_cost_model, name, None)
+            if fn and "backend" in inspect.signature(fn).parameters:
+                setattr(_cost_model, name, functools.partial(fn, backend="tpu"))
     from boundedloop.optimistix import CheckpointedAdjoint as SolveAdjoint
 
     w = jnp.array([[0.9, -0.4, 0.3], [0.2, 0.8, -0.5], [-0.3, 0.1, 0.7]])
@@ -181,19 +156,12 @@ def programs() -> dict:
 
 
 def hashes(path: pathlib.Path, off_cpu: bool) -> dict:
-    """Each program's hash and line count, for the tree at `path`, from a process
-    that imports it."""
+    """Each program's hash and line count, from a process importing the tree `path`."""
     env = dict(os.environ, PYTHONPATH=str(path), JAX_PLATFORMS="cpu")
     if off_cpu:
         env["SAME_PROGRAMS_OFF_CPU"] = "1"
-    child = subprocess.run(
-        [sys.executable, __file__, "--print"],
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=tempfile.gettempdir(),
-        check=True,
-    )
+    how = dict(env=env, capture_output=True, text=True, cwd=tempfile.gettempdir())
+    child = subprocess.run([sys.executable, __file__, "--print"], **how, check=True)
     return dict(line.split(" ", 1)[::-1] for line in child.stdout.splitlines())
 
 

@@ -1,18 +1,9 @@
-"""Every table the documentation shows, written from `benchmarks/results/` (or, for
-the repetitions table, from a formula) without timing anything:
+"""Every table the docs show, `docs/generated/<name>.md` for each of `GENERATORS`,
+from `benchmarks/results/` by a function beside the benchmark that measured it (its
+module imported only then); times nothing. `tests/test_generated_docs.py` checks the
+committed files. Internal: it reaches into every benchmark script.
 
     python benchmarks/internal/tables.py
-
-writes one markdown file per entry of `GENERATORS` into `docs/generated/`, which the
-pages include (`--8<-- "docs/generated/<name>.md"`); `tests/test_generated_docs.py`
-checks that the committed files equal what this writes. Rerun a benchmark, then this
-script (or `benchmarks/plots.py`, which calls it), then commit both.
-
-Each table is made by a function beside the benchmark that writes its results
-(`buffers_table` in `buffers.py`, say) with the helpers of `_format.py`; its module,
-and JAX with it, is imported only when the table is made. Internal: it measures
-nothing and reaches into every benchmark script (`benchmarks/` and
-`benchmarks/internal/`) for its table function, which no user runs.
 """
 
 import importlib
@@ -30,8 +21,7 @@ for folder in (HERE.parent, HERE):  # the benchmarks import each other as script
 
 
 def made_by(module: str, function: str, *args) -> Callable[[], str]:
-    """The table `function(*args)` of `benchmarks/<module>.py` (or
-    `benchmarks/internal/<module>.py`) makes, importing the module when it is called."""
+    """`module.function(*args)`, the module imported when it is called."""
     return lambda: getattr(importlib.import_module(module), function)(*args)
 
 
