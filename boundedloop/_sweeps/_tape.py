@@ -97,8 +97,12 @@ class TapedStep:
         return sum(math.prod(s.shape) * s.dtype.itemsize for s in self.shapes)
 
     def empty(self, steps: int) -> "Tape":
-        """A tape of `steps` rows, as zeros."""
-        rows = tuple(jnp.zeros((steps, *s.shape), s.dtype) for s in self.shapes)
+        """A tape of `steps` rows, uninitialized where the backend allows (a TPU's
+        is never zeroed: at the headline size, 5 GB of zeros took 7 ms of a 92 ms
+        gradient). Every row is written before it is read: the forward sweep
+        writes step `t`'s for each `t` below the trip count, the reverse sweep a
+        block's before reversing it."""
+        rows = tuple(lax.empty((steps, *s.shape), s.dtype) for s in self.shapes)
         return Tape(rows, self.step.key)
 
     def forward(self, x, bufs, active):
