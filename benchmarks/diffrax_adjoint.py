@@ -264,9 +264,9 @@ def diffrax_table(workload: str) -> str:
     ]
     ours, theirs = (rows[("grad", f"{who}(16)")]["ms"] for who in (OURS, RCA))
     header = ["mode", "adjoint", "time", "ratio", "trace + compile ratio"]
-    repeats = run.get("compile_repeats", 1) - 1  # how compile times were taken
-    compiles = f", compile times medians of {repeats} interleaved compiles from "
-    compiles = compiles + "cleared caches after a warm-up" if repeats > 0 else ""
+    repeats = run.get("compile_repeats", 1) - 1  # compiles after a warm-up, if any
+    compiles = f", compile times medians of {repeats} interleaved compiles from cleared"
+    compiles = f"{compiles} caches after a warm-up" if repeats > 0 else ""
     return page(
         f"{run['steps']} steps of `max_steps={max_steps}`; medians of {run['rounds']} "
         f"interleaved rounds{compiles} "

@@ -8,8 +8,8 @@ with budgets of `ckscan40`'s temp memory and of every step taped.
     python benchmarks/memory_curve.py [--small] [--long] [--out FILE]
     python benchmarks/memory_curve.py --cheap [--out FILE]
 
-writes FILE: `benchmarks/results/memory_curve_tpu_2df5c68.json` is the chip's,
-`memory_curve_cpu_cheap.json` the CPU's.
+Results: the chip's `benchmarks/results/memory_curve_tpu_cee3d76.json`, the CPU's
+`memory_curve_cpu_cheap.json`.
 """
 
 import argparse
@@ -55,7 +55,7 @@ def case(rows, n, max_steps, variants, rounds, W, x, f=headline_step):
         print(rows[-1], flush=True)
 
 
-RESULTS = {"tpu": "memory_curve_tpu_2df5c68.json", "cpu": "memory_curve_cpu_cheap.json"}
+RESULTS = {"tpu": "memory_curve_tpu_cee3d76.json", "cpu": "memory_curve_cpu_cheap.json"}
 
 
 def memory_curve_table(which: str) -> str:

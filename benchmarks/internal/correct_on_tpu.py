@@ -40,6 +40,7 @@ ROWS, STEPS = 6, 4
 W = np.array([[0.9, -0.4, 0.3], [0.2, 0.8, -0.5], [-0.3, 0.1, 0.7]], np.float32)
 X0 = np.array([0.3, -0.2, 0.5], np.float32)
 V = np.array([0.7, -1.1, 0.4], np.float32)
+XS = np.stack([X0, -X0])  # a batch, for vmap
 
 
 def body(carry):
@@ -102,9 +103,7 @@ TRANSFORMS = {
     "jacfwd": lambda f: jax.jit(jax.jacfwd(f))(X0),
     "jacrev": lambda f: jax.jit(jax.jacrev(f))(X0),
     "grad": lambda f: jax.jit(jax.grad(_sum_squares(f)))(X0),
-    "vmap(jvp)": lambda f: jax.jit(jax.vmap(lambda x: jax.jvp(f, (x,), (V,))[1]))(
-        np.stack([X0, -X0])
-    ),
+    "vmap(jvp)": lambda f: jax.jit(jax.vmap(lambda x: jax.jvp(f, (x,), (V,))[1]))(XS),
     "hessian": lambda f: jax.jit(jax.hessian(_sum_squares(f)))(X0),
 }
 
