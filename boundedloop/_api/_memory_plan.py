@@ -32,7 +32,9 @@ class MemoryPlan:
     - `tape_steps`: the rows of the tape of step residuals. When they are
         `max_steps`, the forward sweep tapes every step and none is evaluated
         again (a stored scan); otherwise the reverse sweep reverses blocks of
-        this many steps, each recomputed once while taped.
+        this many steps, each recomputed once while taped, but for the last
+        block where they are at least a quarter of `max_steps`: the forward
+        sweep tapes its last steps in a ring, and that block is reversed from it.
     - `checkpoint_bytes`: the bytes of one copy of the carry.
     - `tape_step_bytes`: the bytes of one taped step's residuals.
     - `bytes`: all of it, `checkpoints * checkpoint_bytes + tape_steps *
