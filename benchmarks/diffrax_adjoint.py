@@ -148,16 +148,20 @@ def main():
         return jax.jacfwd(ys(adjoint)), (y0,)
 
     recursive = diffrax.RecursiveCheckpointAdjoint
+    # a budget of what diffrax's default adjoint's program holds
+    fn, fn_args = make("grad", recursive())
+    same = temp_bytes(compile_parts(fn, *fn_args)[2])
     adjoints = {
         "RecursiveCheckpointAdjoint()": recursive(),
         "RecursiveCheckpointAdjoint(16)": recursive(checkpoints=16),
         "CheckpointedAdjoint()": CheckpointedAdjoint(),
         "CheckpointedAdjoint(16)": CheckpointedAdjoint(checkpoints=16),
         "CheckpointedAdjoint(store all)": CheckpointedAdjoint(checkpoints=MAX_STEPS),
+        "CheckpointedAdjoint(memory=RCA's)": CheckpointedAdjoint(memory=same),
         "ForwardMode()": diffrax.ForwardMode(),
         "DirectAdjoint()": diffrax.DirectAdjoint(),
     }
-    measured = [("grad", name) for name in list(adjoints)[:5]]
+    measured = [("grad", name) for name in list(adjoints)[:6]]
     measured += [("jvp", "ForwardMode()"), ("jvp", "CheckpointedAdjoint()")]
     if args.workload != "wide":
         measured += [("jacfwd", "ForwardMode()"), ("jacfwd", "CheckpointedAdjoint()")]
