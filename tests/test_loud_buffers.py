@@ -453,3 +453,32 @@ def test_the_read_ahead_warning_fires_exactly_when_a_later_write_lands(
         )
     warned = any(AHEAD in str(m.message) for m in caught)
     assert warned == (not conditional and _read_ahead_expected(r, w, k, read_first))
+
+
+def test_a_row_written_twice_and_never_read_breaks_a_rule_not_the_gradient():
+    """Written twice (at a traced index, `i // 2`) and never read: the gradient is
+    right, and `bl.buffer_checks()` says a rule was broken, not that the gradient
+    would be wrong."""
+
+    def body(c):
+        x, ys, i = c
+        x = jnp.tanh(W @ x)
+        return x, ys.at[i // 2].set(x), i + 1
+
+    def loss(x0):
+        init = (x0, jnp.zeros((4, 3)), 0)
+        out = bl.while_loop(
+            lambda c: c[2] < 6, body, init, max_steps=6, buffers=lambda c: c[1]
+        )
+        return jnp.sum(out[1] ** 2)
+
+    def reference(x0):
+        return jnp.sum(unrolled(body, (x0, jnp.zeros((4, 3)), 0), 6)[1] ** 2)
+
+    expected = on_host(jax.grad(reference))(X0)
+    assert tree_allclose(jax.grad(loss)(X0), expected, rtol=1e-5)
+    with bl.buffer_checks():
+        with pytest.raises(eqx.EquinoxRuntimeError, match=ALREADY) as e:
+            jax.block_until_ready(jax.jit(jax.grad(loss))(X0))
+    assert "A rule broken" in str(e.value)
+    assert "gradient would be wrong" not in str(e.value)

@@ -134,25 +134,24 @@ class BufferViolation:
         s = self.sites[int(site) - 1]
         index = describe_index(s.pattern, [int(i) for i in ints], self.shapes[s.leaf])
         at = f"the buffer {self.buffers[s.leaf]} at {index} at step {int(step)}"
+        head = f"`{self.loop}`: `body_fun` at {s.where}"
         if s.kind == "write":
-            what = (
-                f"wrote {at} (counting from 0), and wrote that location again later "
-                "(at a later step, or later in that one): a location already "
-                "written. Each location of a buffer may be written at most once in "
-                "a loop"
-            )
-        else:
-            what = (
-                f"read {at} (counting from 0), and the value read matters, but the "
-                "loop wrote that location only later (at a later step, or later in "
-                "that one). Read only locations already written, or never written "
-                "in the loop; values from before the loop that the loop overwrites "
-                "belong in an ordinary carry leaf"
+            return (
+                f"{head} wrote {at} (counting from 0), and wrote that location again "
+                "later (at a later step, or later in that one): a location already "
+                "written. A rule broken: each location of a buffer may be written "
+                "at most once in a loop. (The gradient stays right while no step "
+                "reads the first value; `bl.buffer_checks()` holds the rule "
+                "itself.)"
             )
         return (
-            f"`{self.loop}`: `body_fun` at {s.where} {what}. The backward pass reads "
-            "the buffer as the loop left it, so the gradient would be wrong. "
-            "(Checked inside `bl.buffer_checks()`.)"
+            f"{head} read {at} (counting from 0), and the value read matters, but "
+            "the loop wrote that location only later (at a later step, or later in "
+            "that one). The backward pass reads the buffer as the loop left it, so "
+            "the gradient would be wrong. Read only locations already written, or "
+            "never written in the loop; values from before the loop that the loop "
+            "overwrites belong in an ordinary carry leaf. (Checked inside "
+            "`bl.buffer_checks()`.)"
         )
 
     def summary(self) -> str:
