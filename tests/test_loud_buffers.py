@@ -478,7 +478,7 @@ def test_a_row_written_twice_and_never_read_breaks_a_rule_not_the_gradient():
     expected = on_host(jax.grad(reference))(X0)
     assert tree_allclose(jax.grad(loss)(X0), expected, rtol=1e-5)
     with bl.buffer_checks():
-        with pytest.raises(eqx.EquinoxRuntimeError, match=ALREADY) as e:
+        with pytest.raises(Exception, match=ALREADY) as e:
             jax.block_until_ready(jax.jit(jax.grad(loss))(X0))
     assert "A rule broken" in str(e.value)
     assert "gradient would be wrong" not in str(e.value)
