@@ -286,15 +286,23 @@ def test_misuse_check_catches_double_write_and_unwritten_read():
         return jax.jit(jax.grad(lambda x: jnp.sum(run(x) ** 2)))
 
     zeros = jnp.zeros(5)
-    # the forward's values are right (a `jnp` array's), its gradient would not be:
-    # checked, the gradient is an error; unchecked (the default), nothing is
-    # (the read ahead of a counter also warns while tracing, checked or not)
-    for body, message, warns in [
-        (double_write, "location already written", None),
-        (unwritten_read, "wrote that location only later", "writes 1 step later"),
+    # the forward's values are right (a `jnp` array's): by default the read whose
+    # gradient would be wrong is an error of the gradient, and the double write
+    # (whose gradient is right: nothing reads the first value) passes; checked,
+    # both are errors; off, neither (the read ahead of a counter also warns while
+    # tracing, checked or not)
+    for body, message, warns, by_default in [
+        (double_write, "location already written", None, False),
+        (unwritten_read, "wrote that location only later", "writes 1 step later", True),
     ]:
         with pytest.warns(UserWarning, match=warns) if warns else nullcontext():
-            jax.block_until_ready(grad_of(make_run(body))(zeros))
+            if by_default:
+                with pytest.raises(Exception, match=message):
+                    jax.block_until_ready(grad_of(make_run(body))(zeros))
+            else:
+                jax.block_until_ready(grad_of(make_run(body))(zeros))
+            with bl.buffer_checks(False):
+                jax.block_until_ready(grad_of(make_run(body))(zeros))
             # the flag is read when a loop is traced, so trace afresh in the block
             with bl.buffer_checks():
                 jax.block_until_ready(jax.jit(make_run(body))(zeros))

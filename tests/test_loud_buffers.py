@@ -122,7 +122,7 @@ def ahead_loss(w):
     return jnp.sum(out[0]) + jnp.sum(out[1])
 
 
-def test_a_read_of_a_row_written_later_is_an_error_of_the_checked_gradient():
+def test_a_read_of_a_row_written_later_is_an_error_of_the_gradient():
     def reference(w):
         out = unrolled(ahead_body(w), (X0, jnp.zeros((6, 3)), 0), 5)
         return jnp.sum(out[0]) + jnp.sum(out[1])
@@ -135,8 +135,13 @@ def test_a_read_of_a_row_written_later_is_an_error_of_the_checked_gradient():
         with pytest.raises(eqx.EquinoxRuntimeError, match=LATER) as e:
             jax.block_until_ready(bl.filter_jit(jax.grad(ahead_loss))(W))
     assert "`carry[1]`, float32[6, 3] at [1] at step 0" in str(e.value)
-    # unchecked (the default), the trace-time warning is what the user gets
+    # by default too, the gradient is an error, saying how to turn it off
     with pytest.warns(UserWarning, match=AHEAD + " 1 step later"):
+        with pytest.raises(eqx.EquinoxRuntimeError, match=LATER) as e:
+            jax.block_until_ready(bl.filter_jit(jax.grad(ahead_loss))(W))
+    assert "Checked by default in every gradient" in str(e.value)
+    # off, the trace-time warning is what the user gets
+    with bl.buffer_checks(False), pytest.warns(UserWarning, match=AHEAD):
         jax.block_until_ready(jax.jit(jax.grad(ahead_loss))(W))
 
 

@@ -1,7 +1,7 @@
 """`bl.while_loop` under `equinox.internal.while_loop`'s signature, the loop that
 diffrax and optimistix hand their solves."""
 
-from .._runtime._checks import buffer_checks
+from .._runtime._checks import reads_checked_at_most
 from .._tracing._buffers import clamped_writes
 from ._while_loop import while_loop
 
@@ -28,11 +28,12 @@ def equinox_style_while_loop(
     The client's buffers follow Equinox's rules, not ours: an out-of-range write
     index is clamped into range, as Equinox's buffers do (diffrax's results rely on
     it: its saves of every step write the last row again), where `bl.while_loop`'s
-    own drop the write, as `jnp` does; and `bl.buffer_checks` does not check them.
+    own drop the write, as `jnp` does; and only their reads are checked (as by
+    default), even inside `bl.buffer_checks()`.
 
     **Returns:** the final value of the loop.
     """
-    with clamped_writes(), buffer_checks(False):
+    with clamped_writes(), reads_checked_at_most():
         return while_loop(
             cond_fun,
             body_fun,

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from .._runtime._checks import buffer_checks, tracing_a_loop
+from .._runtime._checks import reads_checked_at_most, tracing_a_loop
 from .._runtime._jax_private import weakly_typed
 from .._tracing._buffers import lend_buffers, return_buffers
 from .._tracing._carry_checks import is_carried, is_carried_shape
@@ -101,7 +101,7 @@ def scan(
     xs_arrays = jtu.tree_map(jnp.asarray, xs)
     # `f` is the scan's body: what it traces (inner loops, checks) is in a loop, and
     # reading `xs` (never written inside the loop) skips the write-once checks
-    with tracing_a_loop(), buffer_checks(False):
+    with tracing_a_loop(), reads_checked_at_most():
         init, step, carry_out, y_shapes = _trace_step(
             f, init, xs_arrays, buffers, n, name
         )
@@ -121,7 +121,7 @@ def scan(
         own = () if buffers is None else buffers(carry[0])
         return own, carry[1], carry[2]
 
-    with buffer_checks(False):
+    with reads_checked_at_most():
         final, _, ys, _ = run_loop(
             lambda carry: carry[3] < n,
             body,

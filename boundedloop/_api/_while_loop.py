@@ -5,7 +5,7 @@ from typing import Any, TypeVar
 
 from .._autodiff import differentiable_loop
 from .._runtime._checks import (
-    buffer_checks_enabled,
+    buffer_check_mode,
     check_stopped,
     max_steps_check_mode,
     tracing_a_loop,
@@ -185,6 +185,7 @@ def run_loop(
     # a scan always takes all its steps; an unbounded loop never runs out
     checked = not known_length and max_steps is not None
     check = max_steps_check_mode() if checked else None
+    mode = buffer_check_mode()
     if max_steps == 0:
         x, bufs = loop.init, loop.bufs
         if check == "raise":
@@ -196,7 +197,8 @@ def run_loop(
             checkpoints,
             known_length,
             stop_check=name if check == "raise" else None,
-            buffer_check=name if loop.bufs and buffer_checks_enabled() else None,
+            buffer_check=name if loop.bufs and mode != "off" else None,
+            buffer_rules=mode == "rules",
             memory=memory,
         )
         x, bufs = differentiable_loop(loop, config)

@@ -30,12 +30,19 @@ from ._shard_map import vary
 
 # switches in JAX's trace and jit cache keys (`docs/architecture.md`, "Run-time
 # checks"): entering a block after a function's first call traces it again
-_buffer_checks = jax.make_user_context(default_value=False)
+# `"reads"` (the default: reads whose gradient would be wrong), `"rules"` (inside
+# `bl.buffer_checks()`: every rule) or `"off"` (`bl.buffer_checks(False)`)
+_buffer_checks = jax.make_user_context(default_value="reads")
 
 
 @contextlib.contextmanager
 def buffer_checks(enabled: bool = True):
     """Check the buffer rules of loops traced inside this block, at run time.
+
+    By default, every differentiated loop with buffers checks the one mistake that
+    makes its gradient wrong: a read whose value matters of a location the loop
+    wrote only later. Inside `bl.buffer_checks()` every rule is checked; inside
+    `bl.buffer_checks(False)`, none.
 
     Breaking the rules (each location written at most once; only written locations
     read) leaves a loop's values as a `jnp` array's would be, but makes its
@@ -46,10 +53,9 @@ def buffer_checks(enabled: bool = True):
     the step, the index and the line of `body_fun`. A read whose value does not
     matter (dropped by `jnp.where`, multiplied by zero) passes.
 
-    Off by default: they cost one bool per buffer element and a few operations per
-    reversed read and write, measured at 1.01 to 1.13 times a gradient on a CPU and
-    1.07 to 1.47 times on a TPU v5e (`benchmarks/internal/buffer_checks.py`, shown in the
-    buffers guide). What can be decided while
+    They cost one bool per buffer element and a few operations per reversed read
+    and write (`benchmarks/internal/buffer_checks.py`, shown in the buffers
+    guide). What can be decided while
     tracing is an error at trace time whatever this says: a write whose result is
     dropped, a write to a version of a buffer that was already written, a static
     location written twice in one step or at every step, and a static index out
@@ -61,18 +67,28 @@ def buffer_checks(enabled: bool = True):
     ```
 
     The switch is part of JAX's cache key, so it may be entered after a first call.
-    `bl.scan` (and `bl.fori_loop`) turn it off for everything in their body, inner
-    loops included; enter the block inside the body to check those.
+    `bl.scan` (and `bl.fori_loop`) check only the reads, as by default, for
+    everything in their body, inner loops included; enter the block inside the body
+    to check every rule there.
 
     **Arguments:**
 
-    - `enabled`: whether to check.
+    - `enabled`: whether to check every rule (`True`) or nothing (`False`).
     """
-    with _buffer_checks(bool(enabled)):
+    with _buffer_checks("rules" if enabled else "off"):
         yield
 
 
-def buffer_checks_enabled() -> bool:
+@contextlib.contextmanager
+def reads_checked_at_most():
+    """Inside: the buffer checks of `bl.buffer_checks()` drop to the default's
+    (reads whose gradient would be wrong); off stays off."""
+    with _buffer_checks("off" if _buffer_checks.value == "off" else "reads"):
+        yield
+
+
+def buffer_check_mode() -> str:
+    """`"reads"`, `"rules"` or `"off"`: what the loops traced here check."""
     return _buffer_checks.value
 
 

@@ -61,18 +61,21 @@ class ReverseCheck(eqx.Module):
 
     later: tuple
     found: Found
+    # every rule (`bl.buffer_checks()`), or only the reads (the default)
+    rules: bool = eqx.field(static=True, default=False)
 
 
-def reverse_initial(step, bufs, name: str | None):
+def reverse_initial(step, bufs, name: str | None, rules: bool = False):
     """The reverse check's initial state, or `None` where it has nothing to check:
-    the loop (named `name`) is not checked, or no buffer is differentiated."""
+    the loop (named `name`) is not checked, or no buffer is differentiated.
+    `rules`: check every rule, not only the reads."""
     if name is None or not any(step.sparse):
         return None
     later = tuple(
         jnp.zeros(b.shape, bool) if sparse else None
         for b, sparse in zip(bufs, step.sparse)
     )
-    return ReverseCheck(later, Found.none(step.layout))
+    return ReverseCheck(later, Found.none(step.layout), rules)
 
 
 def reverse_check(check: ReverseCheck, step, updates, i) -> ReverseCheck:
@@ -111,13 +114,13 @@ def reverse_check(check: ReverseCheck, step, updates, i) -> ReverseCheck:
         matters = jnp.logical_and(written_later(s, index, s.version), d != 0)
         broken = jnp.logical_and(live, jnp.any(matters))
         found = found.record(broken, n + 1, i, index)
-    for n, s, index, live in writes:
+    for n, s, index, live in writes if check.rules else ():
         again = jnp.any(written_later(s, index, s.version + 1))
         found = found.record(jnp.logical_and(live, again), n + 1, i, index)
     for _, w, index, live in writes:
         old = get(later[w.leaf], index)
         later[w.leaf] = put(later[w.leaf], index, _after(old, live, found))
-    return ReverseCheck(tuple(later), found)
+    return ReverseCheck(tuple(later), found, check.rules)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +132,7 @@ class BufferViolation:
     sites: tuple  # the body's `Layout.sites`
     buffers: tuple[str, ...]  # per buffer, where it is in the carry, and its type
     shapes: tuple  # per buffer, its shape
+    rules: bool = False  # every rule checked (`bl.buffer_checks()`), or the reads
 
     def format(self, site, step, ints) -> str:
         s = self.sites[int(site) - 1]
@@ -150,8 +154,15 @@ class BufferViolation:
             "that one). The backward pass reads the buffer as the loop left it, so "
             "the gradient would be wrong. Read only locations already written, or "
             "never written in the loop; values from before the loop that the loop "
-            "overwrites belong in an ordinary carry leaf. (Checked inside "
-            "`bl.buffer_checks()`.)"
+            f"overwrites belong in an ordinary carry leaf. ({self._checked()})"
+        )
+
+    def _checked(self) -> str:
+        if self.rules:
+            return "Checked inside `bl.buffer_checks()`."
+        return (
+            "Checked by default in every gradient; `bl.buffer_checks(False)` turns "
+            "the check off."
         )
 
     def summary(self) -> str:
@@ -170,6 +181,7 @@ def raise_violations(name: str, layout, bufs, state, tree):
         return tree
     found = state.found
     shapes = tuple(b.shape for b in bufs)
-    message = BufferViolation(name, layout.sites, buffer_names(layout, bufs), shapes)
+    names = buffer_names(layout, bufs)
+    message = BufferViolation(name, layout.sites, names, shapes, state.rules)
     details = (found.site, found.step, found.ints)
     return raise_if(tree, found.site != 0, message, "bl.buffer_checks", details)

@@ -406,7 +406,9 @@ def reverse_sweep(
         carried(sweep, ct_final),
         ct_bufs,
         step.zero_ct_body(),
-        _buffer_checks.reverse_initial(step, tape.bufs, config.buffer_check),
+        _buffer_checks.reverse_initial(
+            step, tape.bufs, config.buffer_check, config.buffer_rules
+        ),
     )
     meter = _progress.start(config.max_steps, reverse=True)  # None unless metered
     # (a tape made by a step that differentiates other leaves, as the first-order

@@ -117,6 +117,8 @@ class LoopConfig(eqx.Module):
     stop_check: str | None = eqx.field(static=True, default=None)
     # the loop's name for the buffer checks' errors, or None: no check
     buffer_check: str | None = eqx.field(static=True, default=None)
+    # every rule checked (inside `bl.buffer_checks()`), not only the reads
+    buffer_rules: bool = eqx.field(static=True, default=False)
     # `memory=`'s budget in bytes, or None: `checkpoints` alone, nothing taped
     memory: int | None = eqx.field(static=True, default=None)
     # the rows of the tape of step residuals (`_sweeps._tape`), planned from `memory`
