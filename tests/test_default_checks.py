@@ -1,0 +1,161 @@
+"""Right or loud by default: a buffer body drawn from the mistakes users make
+(reads through a clamp, an index array, a wrap at step 0, the whole buffer; writes
+at `i // 2`; with and without `pred`; on `bl.while_loop` and `bl.scan`; several
+checkpoint counts) has, with no switch entered, a gradient that either equals the
+same body's unrolled on `jnp` arrays or raises our error naming the read.
+
+The default suite draws a few bodies; `BOUNDEDLOOP_CHECK_EXAMPLES=500 python -m
+pytest -n 0 tests/test_default_checks.py` draws many.
+"""
+
+import os
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import given, Phase, settings, strategies as st
+
+import boundedloop as bl
+
+from .helpers import on_host, tree_allclose
+
+
+ROWS = 6
+W = jnp.asarray(np.random.default_rng(1).normal(size=(3, 3)) / 2, jnp.float32)
+X0 = jnp.array([0.3, -0.2, 0.5], jnp.float32)
+ORDERS = {
+    "forward": np.arange(ROWS),  # each row read after it is written
+    "reversed": np.arange(ROWS)[::-1],  # rows read before they are written
+    "shifted": np.roll(np.arange(ROWS), 1),  # step 0 reads the last row
+}
+# our error for a read whose gradient would be wrong
+LATER = "wrote that location only later"
+
+
+def _read(kind: str, ys, i, order):
+    if kind == "none":
+        return jnp.zeros(3)
+    if kind == "previous":  # `ys[i - 1]`: at step 0 the last row, as `jnp` wraps
+        return ys[i - 1]
+    if kind == "previous_guarded":
+        return jnp.where(i > 0, ys[jnp.maximum(i - 1, 0)], 0.0)
+    if kind == "clamped_ahead":
+        return ys[jnp.minimum(i + 1, ROWS - 1)]
+    if kind == "clipped_ahead":
+        return ys[jnp.clip(i + 1, 0, ROWS - 1)]
+    if kind == "index_array":
+        return ys[order[i]]
+    if kind == "whole":
+        return jnp.mean(ys[...], axis=0)
+    raise AssertionError(kind)
+
+
+READS = (
+    "none",
+    "previous",
+    "previous_guarded",
+    "clamped_ahead",
+    "clipped_ahead",
+    "index_array",
+    "whole",
+)
+
+
+class Body(NamedTuple):
+    read: str
+    order: str  # of "index_array"'s reads
+    write: str  # "step" (`ys[i]`) or "half" (`ys[i // 2]`)
+    pred: bool  # the write only at even steps
+    scan: bool  # on `bl.scan`, not `bl.while_loop`
+    checkpoints: int | None
+    steps: int
+
+
+def _step(body: Body):
+    order = jnp.asarray(ORDERS[body.order])
+
+    def step(c):
+        x, ys, i = c
+        x = jnp.tanh(W @ x + 0.5 * _read(body.read, ys, i, order))
+        where = i // 2 if body.write == "half" else i
+        if not body.pred:
+            return x, ys.at[where].set(x), i + 1
+        if isinstance(ys, bl.Buffer):
+            return x, ys.at[where].set(x, pred=i % 2 == 0), i + 1
+        # the reference, on a `jnp` array: the same write, where the step is even
+        return x, ys.at[where].set(jnp.where(i % 2 == 0, x, ys[where])), i + 1
+
+    return step
+
+
+def _ours(body: Body):
+    step = _step(body)
+
+    def loss(x0):
+        init = (x0, jnp.zeros((ROWS, 3)), 0)
+        if body.scan:
+            out, _ = bl.scan(
+                lambda c, _: (step(c), None),
+                init,
+                length=body.steps,
+                checkpoints=body.checkpoints,
+                buffers=lambda c: c[1],
+            )
+        else:
+            out = bl.while_loop(
+                lambda c: c[2] < body.steps,
+                step,
+                init,
+                max_steps=ROWS,
+                checkpoints=body.checkpoints,
+                buffers=lambda c: c[1],
+            )
+        return jnp.sum(out[0] ** 2) + jnp.sum(jnp.sin(out[1]))
+
+    return loss
+
+
+def _unrolled(body: Body):
+    step = _step(body)
+
+    def loss(x0):
+        carry = (x0, jnp.zeros((ROWS, 3)), 0)
+        for _ in range(body.steps):
+            carry = step(carry)
+        return jnp.sum(carry[0] ** 2) + jnp.sum(jnp.sin(carry[1]))
+
+    return loss
+
+
+bodies = st.builds(
+    Body,
+    read=st.sampled_from(READS),
+    order=st.sampled_from(sorted(ORDERS)),
+    write=st.sampled_from(["step", "half"]),
+    pred=st.booleans(),
+    scan=st.booleans(),
+    checkpoints=st.sampled_from([1, 2, None]),
+    steps=st.integers(1, ROWS),
+)
+_EXAMPLES = int(os.environ.get("BOUNDEDLOOP_CHECK_EXAMPLES", "8"))
+
+
+@settings(
+    max_examples=_EXAMPLES,
+    deadline=None,
+    derandomize="BOUNDEDLOOP_CHECK_EXAMPLES" not in os.environ,
+    database=None,
+    # each example compiles a gradient: no shrinking by search
+    phases=(Phase.explicit, Phase.generate),
+)
+@given(body=bodies)
+def test_the_default_gradient_is_right_or_loud(body):
+    expected = on_host(jax.grad(_unrolled(body)))(X0)
+    try:
+        got = jax.block_until_ready(jax.jit(jax.grad(_ours(body)))(X0))
+    except Exception as e:  # noqa: BLE001 (any error must be ours)
+        assert LATER in str(e), (body, e)
+        return
+    # float32 through at most 6 `tanh` steps; a wrong read is off by 1e-2 or more
+    assert tree_allclose(got, expected, rtol=1e-4, atol=1e-5), body
