@@ -14,6 +14,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given, Phase, settings, strategies as st
 
 import boundedloop as bl
@@ -159,3 +160,19 @@ def test_the_default_gradient_is_right_or_loud(body):
         return
     # float32 through at most 6 `tanh` steps; a wrong read is off by 1e-2 or more
     assert tree_allclose(got, expected, rtol=1e-4, atol=1e-5), body
+
+
+def test_where_callbacks_are_costly_the_default_gradient_is_nan(monkeypatch):
+    """Off a CPU the default check's error path is NaN in the gradient (a host
+    callback costs a TPU even where it does not fire); inside `bl.buffer_checks()`
+    it raises."""
+    from boundedloop._sweeps import _buffer_checks
+
+    monkeypatch.setattr(_buffer_checks, "callbacks_are_costly", lambda: True)
+    wrong = Body("clamped_ahead", "forward", "step", False, False, 2, 5)
+    right = wrong._replace(read="previous_guarded")
+    assert np.all(np.isnan(jax.jit(jax.grad(_ours(wrong)))(X0)))
+    expected = on_host(jax.grad(_unrolled(right)))(X0)
+    assert tree_allclose(jax.jit(jax.grad(_ours(right)))(X0), expected, rtol=1e-4)
+    with bl.buffer_checks(), pytest.raises(Exception, match=LATER):
+        jax.block_until_ready(jax.jit(jax.grad(_ours(wrong)))(X0))

@@ -1,6 +1,7 @@
-"""What `bl.buffer_checks()` costs: gradients with the checks on against off, back to
-back in a random order each round after a warm-up: medians, the per-round ratio's
-median and quartiles, temp memory. On `buffers.py`'s workload and on steps of growing
+"""What the buffer checks cost: gradients with every rule checked
+(`bl.buffer_checks()`), with the default's check of the reads, and with none
+(`bl.buffer_checks(False)`), back to back in a random order each round after a
+warm-up: medians, the per-round ratios' medians and quartiles, temp memory. On `buffers.py`'s workload and on steps of growing
 work (`v <- tanh(W v + row i - 1)`, W of (w, w)), labelled with the work the cost
 model sees (internal: `_cost_model.work`).
 
@@ -9,6 +10,7 @@ model sees (internal: `_cost_model.work`).
 """
 
 import argparse
+import contextlib
 import json
 import pathlib
 import random
@@ -64,9 +66,23 @@ def workloads():
         yield f"(w, w) matrix, w={width} (work {work})", fn, args
 
 
-def temp_bytes(fn, args, on: bool) -> int:
-    with bl.buffer_checks(on):
+MODES = {"rules": True, "reads": None, "off": False}
+
+
+def checks(mode: str):
+    on = MODES[mode]
+    return contextlib.nullcontext() if on is None else bl.buffer_checks(on)
+
+
+def temp_bytes(fn, args, mode: str) -> int:
+    with checks(mode):
         return fn.lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+
+def ratios(times, off):
+    """The median of `times / off` per round, and its quartiles."""
+    q1, q2, q3 = statistics.quantiles([a / b for a, b in zip(times, off)], n=4)
+    return q2, [q1, q3]
 
 
 def main():
@@ -76,26 +92,29 @@ def main():
     args = parser.parse_args()
     cases = []
     for label, fn, fn_args in workloads():
-        for on in (True, False):
-            with bl.buffer_checks(on):  # compile, warm up
+        for mode in MODES:
+            with checks(mode):  # compile, warm up
                 for _ in range(3):
                     jax.block_until_ready(fn(*fn_args))
         cases.append((label, fn, fn_args))
-    times = {(c[0], on): [] for c in cases for on in (True, False)}
+    times = {(c[0], mode): [] for c in cases for mode in MODES}
     shuffled = list(cases)
     for _ in range(args.rounds):
         random.shuffle(shuffled)
         for label, fn, fn_args in shuffled:
-            for on in random.sample((True, False), 2):
-                with bl.buffer_checks(on):
-                    times[(label, on)].append(timed(fn, *fn_args))
+            for mode in random.sample(list(MODES), len(MODES)):
+                with checks(mode):
+                    times[(label, mode)].append(timed(fn, *fn_args))
     rows = []
     for label, fn, fn_args in cases:
-        on, off = times[(label, True)], times[(label, False)]
-        q1, q2, q3 = statistics.quantiles([a / b for a, b in zip(on, off)], n=4)
+        on, reads, off = (times[(label, mode)] for mode in MODES)
         row = dict(workload=label, on_ms=statistics.median(on) * 1e3)
-        row.update(off_ms=statistics.median(off) * 1e3, ratio=q2, quartiles=[q1, q3])
-        row["temp_bytes"] = [temp_bytes(fn, fn_args, on) for on in (True, False)]
+        row.update(
+            off_ms=statistics.median(off) * 1e3, reads_ms=statistics.median(reads) * 1e3
+        )
+        row["ratio"], row["quartiles"] = ratios(on, off)
+        row["reads_ratio"], row["reads_quartiles"] = ratios(reads, off)
+        row["temp_bytes"] = [temp_bytes(fn, fn_args, mode) for mode in ("rules", "off")]
         rows.append(row)
     results = {"backend": jax.default_backend(), "rounds": args.rounds, "rows": rows}
     out = pathlib.Path(args.out or RESULTS / "buffer_checks.json")
@@ -108,8 +127,10 @@ def checks_table(results: dict | str | None = None) -> str:
     `buffer_checks_tpu.json`; `None`: `buffer_checks.json`)."""
     if not isinstance(results, dict):
         results = load(f"buffer_checks{'' if results is None else '_' + results}.json")
-    header = ["gradient", "checked (ms)", "unchecked (ms)"]
-    header += ["checked / unchecked, median (quartiles)"]
+    reads = "reads_ratio" in results["rows"][0]  # (results before the default's)
+    header = ["gradient", "every rule (ms)", "unchecked (ms)"]
+    header += ["every rule / unchecked, median (quartiles)"]
+    header += ["default (reads) / unchecked"] if reads else []
     header += ["temp memory checked / unchecked (kB)"]
     cells = []
     for row in results["rows"]:
@@ -117,12 +138,21 @@ def checks_table(results: dict | str | None = None) -> str:
         on, off = (b / 1e3 for b in row["temp_bytes"])
         cells.append(
             [row["workload"], f"{row['on_ms']:.3f}", f"{row['off_ms']:.3f}"]
-            + [f"{row['ratio']:.3f} ({q1:.3f} to {q3:.3f})", f"{on:.1f} / {off:.1f}"]
+            + [f"{row['ratio']:.3f} ({q1:.3f} to {q3:.3f})"]
+            + (
+                [
+                    f"{row['reads_ratio']:.3f} ({row['reads_quartiles'][0]:.3f} to "
+                    f"{row['reads_quartiles'][1]:.3f})"
+                ]
+                if reads
+                else []
+            )
+            + [f"{on:.1f} / {off:.1f}"]
         )
     return page(
         table(header, cells, left=len(header)),
         f"{results['rounds']} rounds on the {results['backend']} backend; in each "
-        "round the two programs run back to back in a random order.",
+        "round the programs run back to back in a random order.",
     )
 
 
