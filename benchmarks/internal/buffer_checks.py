@@ -66,12 +66,12 @@ def workloads():
         yield f"(w, w) matrix, w={width} (work {work})", fn, args
 
 
-MODES = {"rules": True, "reads": None, "off": False}
+# every rule; the default (the reads); none
+MODES = dict(rules=bl.buffer_checks, reads=contextlib.nullcontext, off=bl.buffer_checks)
 
 
 def checks(mode: str):
-    on = MODES[mode]
-    return contextlib.nullcontext() if on is None else bl.buffer_checks(on)
+    return MODES[mode](False) if mode == "off" else MODES[mode]()
 
 
 def temp_bytes(fn, args, mode: str) -> int:
@@ -122,6 +122,11 @@ def main():
     print(checks_table(results))
 
 
+def _spread(row, kind: str) -> str:
+    q1, q3 = row[f"{kind}quartiles"]
+    return f"{row[f'{kind}ratio']:.3f} ({q1:.3f} to {q3:.3f})"
+
+
 def checks_table(results: dict | str | None = None) -> str:
     """The docs' table of `results`: a dict, or a backend's results file (`"tpu"`:
     `buffer_checks_tpu.json`; `None`: `buffer_checks.json`)."""
@@ -134,19 +139,10 @@ def checks_table(results: dict | str | None = None) -> str:
     header += ["temp memory checked / unchecked (kB)"]
     cells = []
     for row in results["rows"]:
-        q1, q3 = row["quartiles"]
         on, off = (b / 1e3 for b in row["temp_bytes"])
         cells.append(
             [row["workload"], f"{row['on_ms']:.3f}", f"{row['off_ms']:.3f}"]
-            + [f"{row['ratio']:.3f} ({q1:.3f} to {q3:.3f})"]
-            + (
-                [
-                    f"{row['reads_ratio']:.3f} ({row['reads_quartiles'][0]:.3f} to "
-                    f"{row['reads_quartiles'][1]:.3f})"
-                ]
-                if reads
-                else []
-            )
+            + [_spread(row, kind) for kind in ("", "reads_")[: 1 + reads]]
             + [f"{on:.1f} / {off:.1f}"]
         )
     return page(
