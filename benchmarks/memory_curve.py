@@ -31,7 +31,7 @@ def make(kind, n, max_steps, f=headline_step, **kw):
     return jax.jit(jax.grad(loss_fn(kind, n, max_steps, f, **kw)))
 
 
-def case(rows, n, max_steps, variants, rounds, W, x, f=headline_step):
+def case(rows, n, max_steps, variants, rounds, W, x, f=headline_step, shuffle=False):
     compiled = {}
     for label, kind, kw in variants:
         start = time.perf_counter()
@@ -46,7 +46,9 @@ def case(rows, n, max_steps, variants, rounds, W, x, f=headline_step):
             continue
         compiled[label] = (c, time.perf_counter() - start, temp_bytes(c))
     fns = {label: c for label, (c, _, _) in compiled.items()}
-    times = interleaved_medians(fns, {k: (W, x, n) for k in fns}, rounds, shuffle=False)
+    times = interleaved_medians(
+        fns, {k: (W, x, n) for k in fns}, rounds, shuffle=shuffle
+    )
     for label, (_, compile_s, temp) in compiled.items():
         row = dict(n=n, max_steps=max_steps, variant=label)
         rows.append(
@@ -105,7 +107,7 @@ def main():
 
 
 def cheap(out_file):
-    """The small body on a CPU, against the stored scan, in 101 interleaved rounds."""
+    """The small body on a CPU, against the stored scan, in 501 shuffled rounds."""
     D, n, max_steps = 32, 1000, 4000
     W = jax.random.normal(jax.random.key(0), (D, D), jnp.float32) / 6
     x = jnp.ones(D, jnp.float32)
@@ -122,7 +124,7 @@ def cheap(out_file):
         ("memory=30 kB (blocks that cover max_steps)", ours, dict(memory=30_000)),
         ("memory=1 GB (every step fits)", ours, dict(memory=everything)),
     ]
-    case(rows, n, max_steps, variants, 101, W, x, _cheap_step)
+    case(rows, n, max_steps, variants, 501, W, x, _cheap_step, shuffle=True)
     scan = next(r["grad_s"] for r in rows if r["variant"] == "scan")
     for r in rows:
         print(f"{r['variant']:40s} {r['grad_s'] / scan:5.2f}x  {r['temp_bytes']:>9d} B")

@@ -183,12 +183,12 @@ def plan(
     the carry takes `carry_bytes` and a step's row of the tape `row_bytes`; `cheap`:
     the step is cheap (`_cost_model.is_cheap`).
 
-    - A cheap step is stored every step where `max_steps` carry copies fit: reading
-      its residuals back costs about what evaluating it again does (on a CPU, width
-      32, n=1000 of 1000: every step taped 1.10 times `lax.scan`, every step
-      stored 1.07; `docs/design-notes.md`, "How a memory budget is split").
     - Every step is taped by the forward sweep when `max_steps` rows and one carry
       copy fit: the gradient is then a stored scan (no step evaluated twice).
+    - Otherwise a cheap step is stored every step where `max_steps` carry copies
+      fit: its residuals are larger than its carry, and reading them back costs
+      about what evaluating it again does (`docs/design-notes.md`, "How a memory
+      budget is split").
     - Otherwise the reverse sweep reverses blocks of `tape_steps` steps
       (`_reverse_sweep.reverse_blocks`). Checkpoints a block apart leave each block
       one recomputation, as a scan of checkpointed scans does, so the fewest
@@ -206,10 +206,10 @@ def plan(
     def capped(c):
         return max(1, c if max_steps is None else min(c, max(max_steps, 1)))
 
-    if cheap and max_steps is not None and max_steps * carry_bytes <= memory:
-        return capped(max_steps), 0
     if max_steps is not None and carry_bytes + max_steps * row_bytes <= memory:
         return 1, max_steps
+    if cheap and max_steps is not None and max_steps * carry_bytes <= memory:
+        return capped(max_steps), 0
     if row_bytes == 0:
         return capped(memory // carry_bytes), 0
     if max_steps is not None:
