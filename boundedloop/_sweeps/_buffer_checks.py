@@ -1,5 +1,6 @@
-"""The buffer checks at run time (inside `bl.buffer_checks()`): each location
-written at most once, and no read whose gradient would see a later write. They run
+"""The buffer checks at run time: no read whose gradient would see a later write
+(by default), and each location written at most once (inside
+`bl.buffer_checks()`). They run
 in the reverse sweep (`reverse_check`), without tracing the body again, and the first
 violation is raised once after it: nothing in the loop waits for the host. See
 `docs/guides/buffers.md`, "Checking the rule".
