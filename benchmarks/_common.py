@@ -103,20 +103,16 @@ def compile_parts(fn, *args):
 
 
 def cold_compile_parts(fn, *args):
-    """`compile_parts`' two times, from cleared caches (`clear_caches`)."""
-    clear_caches()
-    return compile_parts(fn, *args)[:2]
-
-
-def clear_caches():
-    """Forget JAX's traces and compiles (diffrax's jitted `diffeqsolve` too) and
-    boundedloop's caches: the next compile costs what a fresh process's would."""
+    """`compile_parts`' two times, after forgetting JAX's traces and compiles
+    (diffrax's jitted `diffeqsolve` too) and boundedloop's caches: what a fresh
+    process's compile would cost."""
     for module in [m for n, m in sys.modules.items() if n.startswith("boundedloop")]:
         for name in dir(module):
-            fn = getattr(module, name)
-            if callable(getattr(fn, "cache_clear", None)):
-                fn.cache_clear()
+            cached = getattr(module, name)
+            if callable(getattr(cached, "cache_clear", None)):
+                cached.cache_clear()
     jax.clear_caches()
+    return compile_parts(fn, *args)[:2]
 
 
 def temp_bytes(compiled) -> int:
@@ -126,8 +122,7 @@ def temp_bytes(compiled) -> int:
 class EvalCounter:
     """Counts body evaluations through `jax.debug.callback`."""
 
-    def __init__(self):
-        self.count = 0
+    count = 0  # each instance's own from its first tick
 
     def __call__(self, value):
         # pass a loop-carried value so the callback cannot be hoisted out of a loop

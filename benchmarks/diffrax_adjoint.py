@@ -12,10 +12,10 @@ after the first), temp bytes; prints a table of ratios.
 """
 
 import argparse
+import collections
 import functools
 import random
 import statistics
-from typing import NamedTuple
 
 import diffrax
 import equinox as eqx
@@ -34,15 +34,7 @@ from _format import index, load, milliseconds, nbytes, page, table
 from boundedloop.diffrax import CheckpointedAdjoint
 
 
-class Workload(NamedTuple):
-    state: int
-    width: int
-    depth: int
-    rotation: float
-    t1: float
-    max_steps: int
-
-
+Workload = collections.namedtuple("Workload", "state width depth rotation t1 max_steps")
 WORKLOADS = {
     "neural": Workload(8, 64, 2, 4.5, 10.0, 4096),
     "long": Workload(2, 16, 1, 20.0, 150.0, 16384),

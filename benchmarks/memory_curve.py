@@ -32,16 +32,14 @@ def make(kind, n, max_steps, f=headline_step, **kw):
 
 
 def case(rows, n, max_steps, variants, rounds, W, x, f=headline_step, shuffle=False):
-    compiled = {}
+    compiled, where = {}, dict(n=n, max_steps=max_steps)
     for label, kind, kw in variants:
         start = time.perf_counter()
         try:
             c = make(kind, n, max_steps, f, **kw).lower(W, x, n).compile()
             jax.block_until_ready(c(W, x, n))
         except Exception as e:  # noqa: BLE001 (a variant that does not fit)
-            rows.append(
-                dict(n=n, max_steps=max_steps, variant=label, error=str(e)[:160])
-            )
+            rows.append(dict(where, variant=label, error=str(e)[:160]))
             print(rows[-1], flush=True)
             continue
         compiled[label] = (c, time.perf_counter() - start, temp_bytes(c))
@@ -50,10 +48,8 @@ def case(rows, n, max_steps, variants, rounds, W, x, f=headline_step, shuffle=Fa
         fns, {k: (W, x, n) for k in fns}, rounds, shuffle=shuffle
     )
     for label, (_, compile_s, temp) in compiled.items():
-        row = dict(n=n, max_steps=max_steps, variant=label)
-        rows.append(
-            dict(row, grad_s=times[label], compile_s=compile_s, temp_bytes=temp)
-        )
+        row = dict(where, variant=label, grad_s=times[label], compile_s=compile_s)
+        rows.append(dict(row, temp_bytes=temp))
         print(rows[-1], flush=True)
 
 

@@ -50,21 +50,12 @@ def contraction(y, a):
     return 0.5 * jnp.cos(a[0] * y + a[1] * jnp.roll(y, 1))
 
 
+LM, FIXED_POINT = optx.LevenbergMarquardt(**TOL), optx.FixedPointIteration(**TOL)
 PROBLEMS = {
     "BFGS, Rosenbrock (16)": (optx.minimise, rosenbrock, optx.BFGS(**TOL), 16),
-    "Levenberg-Marquardt, fit (3 of 32)": (
-        optx.least_squares,
-        fit_residuals,
-        optx.LevenbergMarquardt(**TOL),
-        3,
-    ),
+    "Levenberg-Marquardt, fit (3 of 32)": (optx.least_squares, fit_residuals, LM, 3),
     "Newton, root (8)": (optx.root_find, coupled, optx.Newton(**TOL), 8),
-    "fixed point (8)": (
-        optx.fixed_point,
-        contraction,
-        optx.FixedPointIteration(**TOL),
-        8,
-    ),
+    "fixed point (8)": (optx.fixed_point, contraction, FIXED_POINT, 8),
 }
 
 

@@ -36,29 +36,21 @@ MEMORY_BUDGET = 8 * 2**30  # bytes of compiled temporaries we are willing to run
 
 def loop_fn(kind, max_steps, checkpoints, lib=bl):
     """`(cond, body, init) -> final` for each implementation (ours from `lib`)."""
-    if kind == "boundedloop":
-        return lambda c, b, i: lib.while_loop(
-            c, b, i, max_steps=max_steps, checkpoints=checkpoints
-        )
-    if kind == "boundedloop (default checkpoints)":
-        return lambda c, b, i: bl.while_loop(c, b, i, max_steps=max_steps)
-    if kind == "equinox checkpointed":
-        return lambda c, b, i: eqxi.while_loop(
-            c, b, i, max_steps=max_steps, kind="checkpointed", checkpoints=checkpoints
-        )
-    if kind == "equinox bounded":
-        return lambda c, b, i: eqxi.while_loop(
-            c, b, i, max_steps=max_steps, kind="bounded"
-        )
-    if kind == "nested scan+cond":
-        return lambda c, b, i: nested_scan_loop(c, b, i, max_steps)
-    if kind == "fori_loop+cond":
-        return lambda c, b, i: fori_cond_loop(c, b, i, max_steps)
-    if kind == "lax.scan (ideal)":
-        return lambda c, b, i: lax.scan(lambda v, _: (b(v), None), i, length=TRIPS)[0]
-    if kind == "lax.while_loop":
-        return lambda c, b, i: lax.while_loop(c, b, i)
-    raise ValueError(kind)
+    steps, every = dict(max_steps=max_steps), dict(checkpoints=checkpoints)
+    return {
+        "boundedloop": functools.partial(lib.while_loop, **steps, **every),
+        "boundedloop (default checkpoints)": functools.partial(bl.while_loop, **steps),
+        "equinox checkpointed": functools.partial(
+            eqxi.while_loop, **steps, kind="checkpointed", **every
+        ),
+        "equinox bounded": functools.partial(eqxi.while_loop, **steps, kind="bounded"),
+        "nested scan+cond": functools.partial(nested_scan_loop, **steps),
+        "fori_loop+cond": functools.partial(fori_cond_loop, **steps),
+        "lax.scan (ideal)": lambda c, b, i: lax.scan(
+            lambda v, _: (b(v), None), i, length=TRIPS
+        )[0],
+        "lax.while_loop": lambda c, b, i: lax.while_loop(c, b, i),
+    }[kind]
 
 
 def make(kind, max_steps, checkpoints, counter=None, lib=bl):

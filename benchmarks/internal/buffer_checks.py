@@ -108,10 +108,8 @@ def main():
     rows = []
     for label, fn, fn_args in cases:
         on, reads, off = (times[(label, mode)] for mode in MODES)
-        row = dict(workload=label, on_ms=statistics.median(on) * 1e3)
-        row.update(
-            off_ms=statistics.median(off) * 1e3, reads_ms=statistics.median(reads) * 1e3
-        )
+        on_ms, reads_ms, off_ms = (statistics.median(t) * 1e3 for t in (on, reads, off))
+        row = dict(workload=label, on_ms=on_ms, off_ms=off_ms, reads_ms=reads_ms)
         row["ratio"], row["quartiles"] = ratios(on, off)
         row["reads_ratio"], row["reads_quartiles"] = ratios(reads, off)
         row["temp_bytes"] = [temp_bytes(fn, fn_args, mode) for mode in ("rules", "off")]
