@@ -139,7 +139,7 @@ bodies = st.builds(
     checkpoints=st.sampled_from([1, 2, None]),
     steps=st.integers(1, ROWS),
 )
-_EXAMPLES = int(os.environ.get("BOUNDEDLOOP_CHECK_EXAMPLES", "8"))
+_EXAMPLES = int(os.environ.get("BOUNDEDLOOP_CHECK_EXAMPLES", "5"))
 
 
 @settings(

@@ -127,7 +127,7 @@ def test_plan_splits_the_budget():
     assert _plan(CARRY).checkpoint_bytes == CARRY
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(memory=st.sampled_from(BUDGETS), n=st.integers(0, MAX_STEPS))
 def test_gradient_and_evaluations_match_the_plan(memory, n):
     """Every budget: the gradient of `lax.scan` over the `n` steps taken, and as
