@@ -161,7 +161,9 @@ def run_loop(
     """`while_loop`, and the machinery `scan` shares: validate, trace, run.
 
     With `stats`, returns `(final carry, LoopStats)`: the loop runs on a `Counted`
-    carry (see `_stats`) that the user's functions never see."""
+    carry (see `_stats`) that the user's functions never see. (One function of a
+    little over 60 lines: the checks, the tracing and the loop's configuration in
+    the order their errors must come.)"""
     check_callables(cond_fun, body_fun, buffers, name)
     max_steps = check_max_steps(max_steps, name)
     memory = check_memory(memory, checkpoints, name)

@@ -268,6 +268,7 @@ def gradient_evaluations(
     known_length: bool = False,
     every_step_taped: bool = False,
     uniform=(),
+    *,
     ring: bool = False,
 ) -> int:
     """Body evaluations in one gradient of an `n`-step loop with `slots` slots and a
