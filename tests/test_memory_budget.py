@@ -143,7 +143,11 @@ def test_gradient_and_evaluations_match_the_plan(memory, n):
         assert len(count) == n  # a stored scan: no step evaluated twice
 
 
-@pytest.mark.parametrize("memory", [4 * CARRY + 4 * ROW, "1 MiB"])
+# blocks reached by advances; blocks a checkpoint apart, the last in the forward
+# sweep's ring; every step taped
+@pytest.mark.parametrize(
+    "memory", [4 * CARRY + 4 * ROW, DEFAULT * CARRY + 7 * ROW + CARRY - 1, "1 MiB"]
+)
 def test_transforms_compose_with_a_budget(memory):
     """vmap over the trip count, `jax.hessian`, `grad` of `grad`, `grad` of `jvp`
     and `jacfwd` through a taped loop equal them through `lax.scan`. (`grad` of
