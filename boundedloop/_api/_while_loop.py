@@ -99,14 +99,16 @@ def while_loop(
         tapes every step and the gradient is a stored scan. Otherwise it buys
         copies of the carry and a tape of a block of steps: the backward pass
         recomputes each block once from its checkpoint, taping it, and reverses it
-        from the tape. `bl.memory_plan` says what a budget buys. Giving both
-        `memory` and `checkpoints` is an error.
+        from the tape (the last block from the forward pass's own tape of its last
+        steps, where that holds a quarter of `max_steps`). `bl.memory_plan` says
+        what a budget buys. Giving both `memory` and `checkpoints` is an error.
     - `buffers`: optional, a function `carry -> node or sequence of nodes of the
         carry`. Every array leaf under those nodes is a [`bl.Buffer`][boundedloop.Buffer]
         inside `body_fun`: `buf[idx]` reads, `buf.at[idx].set(x, pred=p)` writes in
         place, for any basic index (integers, static slices, `...`). Buffers are never
         checkpointed. Each location may be written at most once, and only written
-        locations may be read (see `bl.buffer_checks`). An outer loop's buffer in
+        locations may be read: a gradient checks the reads by default (see
+        `bl.buffer_checks`). An outer loop's buffer in
         `init_val` is a buffer of this loop too (loops in loops share buffers).
     - `stats`: whether to return, next to the final carry, a
         [`bl.LoopStats`][boundedloop.LoopStats]: the number of steps taken and
