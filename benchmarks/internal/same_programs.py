@@ -60,7 +60,7 @@ def programs() -> dict:
     if os.environ.get("SAME_PROGRAMS_OFF_CPU"):  # decide as on a TPU
         _cost_model.runs_in_order = lambda *args: False
         # `is_cheap` took a `backend` in some trees, `shares_one_step` from 47953b9
-        for name in ("is_cheap", "shares_one_step"):
+        for name in ("is_cheap", "shares_one_step", "lists_splits"):
             fn = getattr(_cost_model, name, None)
             if fn and "backend" in inspect.signature(fn).parameters:
                 setattr(_cost_model, name, functools.partial(fn, backend="tpu"))

@@ -8,6 +8,8 @@ import math
 import jax
 import jax.extend.core
 
+from ._store_rules import TABLE_STEPS
+
 
 # a body with at most this many equations (nested ones included) is cheap
 SMALL_BODY = 64
@@ -83,6 +85,27 @@ def shares_one_step(body, backend: str | None = None) -> bool:
     the faster to run and to compile (`docs/performance.md`, "One loop")."""
     on_tpu = (backend or jax.default_backend()) == "tpu"
     return on_tpu and work(body.jaxpr) >= HEAVY_WORK
+
+
+# a bounded loop's recomputation reads its splits from a listed table of at most
+# this many entries (4 MB; `lists_splits`)
+LISTED_SPLITS = 2**20
+
+
+def lists_splits(slots: int, max_steps: int | None, backend: str | None = None) -> bool:
+    """Whether the recomputation reads each split from a table of every split
+    (`_recompute.split_rule`) rather than computing it: on a CPU, for a loop bounded
+    by at most `_store_rules.TABLE_STEPS` steps whose table has at most
+    `LISTED_SPLITS` entries. The backend is JAX's default when the loop is traced
+    unless `backend` names one.
+
+    On a CPU one lookup makes fewer kernels than the computed split. On the chip a
+    lookup into a large table costs more than it saves: diffrax's neural ODE (90
+    checkpoints, `max_steps=4096`, a 1.5 MB table) took 15.1 ms per gradient with
+    it and 8.9 ms without (`docs/performance.md`)."""
+    on_cpu = (backend or jax.default_backend()) == "cpu"
+    bounded = max_steps is not None and max_steps <= TABLE_STEPS
+    return on_cpu and bounded and (slots + 1) * (max_steps + 1) <= LISTED_SPLITS
 
 
 # XLA's CPU runtime runs a loop body's operations in order on the calling thread

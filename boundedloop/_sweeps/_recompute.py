@@ -26,15 +26,11 @@ from . import _checkpoint_store, _cost_model
 from ._checkpoint_store import CheckpointStore
 from ._schedule import binomial_table
 from ._step import ReversibleStep
-from ._store_rules import TABLE_STEPS
 
 
 SPLIT_SLOTS = 256
 # segments up to this long are split exactly (longer ones validly, as if this long)
 SPLIT_LENGTH = 2**17
-# a loop bounded by at most `TABLE_STEPS` steps reads its splits from a table of all
-# of them, of at most this many entries (4 MB)
-HOST_SPLITS = 2**20
 
 
 def split_rule(slots: int, max_steps: int | None, in_order: bool = False) -> Callable:
@@ -44,9 +40,9 @@ def split_rule(slots: int, max_steps: int | None, in_order: bool = False) -> Cal
     - `in_order` (see `_cost_model.runs_in_order`; segments up to
       `_cost_model.IN_ORDER_STEPS` long): by a loop over the repetition number,
       which keeps no array (a table is one large array);
-    - for a loop bounded by at most `TABLE_STEPS` steps: read from a table of every
-      split, listed while tracing (one lookup, where computing the split takes
-      several kernels for XLA to compile);
+    - where `_cost_model.lists_splits` (a bounded loop, on a CPU): read from a table
+      of every split, listed while tracing (one lookup, where computing the split
+      takes several kernels for XLA to compile);
     - otherwise: computed from a table of binomial coefficients.
     """
     # the table is a constant of the program: past `SPLIT_SLOTS` slots the split is
@@ -54,8 +50,7 @@ def split_rule(slots: int, max_steps: int | None, in_order: bool = False) -> Cal
     slots = min(slots, SPLIT_SLOTS)
     if in_order:
         return functools.partial(_split_in_order, slots)
-    bounded = max_steps is not None and max_steps <= TABLE_STEPS
-    if bounded and (slots + 1) * (max_steps + 1) <= HOST_SPLITS:
+    if _cost_model.lists_splits(slots, max_steps):
         splits = jnp.asarray(_all_splits(slots, max_steps))
 
         def lookup(length, k):
