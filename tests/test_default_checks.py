@@ -9,6 +9,7 @@ pytest -n 0 tests/test_default_checks.py` draws many.
 """
 
 import os
+import re
 from typing import NamedTuple
 
 import jax
@@ -18,6 +19,7 @@ import pytest
 from hypothesis import given, Phase, settings, strategies as st
 
 import boundedloop as bl
+from boundedloop._sweeps import _buffer_checks
 
 from .helpers import on_host, tree_allclose
 
@@ -157,7 +159,15 @@ def test_the_default_gradient_is_right_or_loud(body):
         got = jax.block_until_ready(jax.jit(jax.grad(_ours(body)))(X0))
     except Exception as e:  # noqa: BLE001 (any error must be ours)
         assert LATER in str(e), (body, e)
+        # it names the read's step and a later step that wrote the location
+        found = re.search(
+            r"at step (\d+) \(counting from 0\).*?(at step (\d+)|in that step)", str(e)
+        )
+        assert found, (body, e)
+        assert found[3] is None or int(found[3]) > int(found[1]), (body, found[0])
         return
+    if _buffer_checks.callbacks_are_costly() and np.all(np.isnan(got)):
+        return  # off a CPU the default check's error path is NaN (test below)
     # float32 through at most 6 `tanh` steps; a wrong read is off by 1e-2 or more
     assert tree_allclose(got, expected, rtol=1e-4, atol=1e-5), body
 
@@ -166,8 +176,6 @@ def test_where_callbacks_are_costly_the_default_gradient_is_nan(monkeypatch):
     """Off a CPU the default check's error path is NaN in the gradient (a host
     callback costs a TPU even where it does not fire); inside `bl.buffer_checks()`
     it raises."""
-    from boundedloop._sweeps import _buffer_checks
-
     monkeypatch.setattr(_buffer_checks, "callbacks_are_costly", lambda: True)
     wrong = Body("clamped_ahead", "forward", "step", False, False, 2, 5)
     right = wrong._replace(read="previous_guarded")
@@ -176,3 +184,23 @@ def test_where_callbacks_are_costly_the_default_gradient_is_nan(monkeypatch):
     assert tree_allclose(jax.jit(jax.grad(_ours(right)))(X0), expected, rtol=1e-4)
     with bl.buffer_checks(), pytest.raises(Exception, match=LATER):
         jax.block_until_ready(jax.jit(jax.grad(_ours(wrong)))(X0))
+
+
+@pytest.mark.skipif(
+    _buffer_checks.callbacks_are_costly(), reason="the default's error path is NaN"
+)
+def test_under_jax_jit_the_first_line_is_ours(caplog):
+    """Under `jax.jit` the error arrives inside XLA's `JaxRuntimeError`: the message
+    is logged first, and JAX's log of the failed callback is dropped; under
+    `bl.filter_jit`, whose error is the message itself, nothing is logged."""
+    wrong = _ours(Body("clamped_ahead", "forward", "step", False, False, 2, 5))
+    with pytest.raises(Exception, match=LATER):
+        jax.block_until_ready(jax.jit(jax.grad(wrong))(X0))
+    first = caplog.records[0]
+    assert first.name == "boundedloop" and LATER in first.getMessage()
+    assert "at step 0 (counting from 0)" in first.getMessage()
+    assert not [r for r in caplog.records if r.name.startswith("jax")]
+    caplog.clear()
+    with pytest.raises(Exception, match=LATER):
+        jax.block_until_ready(bl.filter_jit(jax.grad(wrong))(X0))
+    assert not caplog.records

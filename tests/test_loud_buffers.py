@@ -94,7 +94,7 @@ def test_a_row_written_twice_is_an_error_of_the_checked_gradient():
             jax.block_until_ready(bl.filter_jit(jax.grad(loss))(W))
     message = str(e.value)
     assert "`carry[1]`, float32[12, 3] at [0] at step 0 (counting from 0)" in message
-    assert "wrote that location again later" in message and ALREADY in message
+    assert "wrote that location again at step 1:" in message and ALREADY in message
     line = twice_body.__code__.co_firstlineno + 7
     assert re.search(rf"test_loud_buffers.py:{line} in body", message)
 

@@ -50,10 +50,12 @@ def buffer_checks(enabled: bool = True):
     written twice, and a read whose value matters (its cotangent is nonzero) of a
     location the loop wrote only later, raise a runtime error (through
     `eqx.error_if`) after the loop, naming the buffer (its place in the carry),
-    the step, the index and the line of `body_fun`. A read whose value does not
-    matter (dropped by `jnp.where`, multiplied by zero) passes.
+    the step, the index, the line of `body_fun` and the step that wrote the
+    location later. A read whose value does not matter (dropped by `jnp.where`,
+    multiplied by zero) passes.
 
-    They cost one bool per buffer element and a few operations per reversed read
+    They cost a small integer per buffer element (the step that wrote it: 2 bytes
+    where `max_steps` is below 32767, else 4) and a few operations per reversed read
     and write (`benchmarks/internal/buffer_checks.py`, shown in the buffers
     guide). What can be decided while
     tracing is an error at trace time whatever this says: a write whose result is
@@ -455,12 +457,39 @@ def _error_if(flag, *operands, msg, n_details):
 
 
 _kept: dict[int, str] = {}
+_log = logging.getLogger("boundedloop")
 
 
 def _keep(msg, *details):
+    """Keeps the message made from `details` for Equinox's error to read, and logs
+    it, so that under `jax.jit` it is the first line the user sees: the error
+    itself then arrives inside XLA's `JaxRuntimeError`, after JAX's log of the
+    failed callback (`_KeptUnlogged` drops that log). Under `eqx.filter_jit`,
+    whose error is the message itself, nothing is logged."""
     key = len(_kept) % 64 + 1  # the last messages only
     _kept[key] = msg.format(*details)
+    if not _equinox_reports():
+        _log.error("%s", _kept[key])
     return np.array(key, np.int32)
+
+
+def _equinox_reports() -> bool:
+    """Whether `eqx.filter_jit` is running a program: it then raises a runtime
+    error as its message alone, and filters JAX's log of the callback that raised
+    it (the filter is how this is told)."""
+    filters = logging.getLogger("jax._src.callback").filters
+    return any(type(f).__name__ == "_FilterCallback" for f in filters)
+
+
+class _KeptUnlogged(logging.Filter):
+    """Drops JAX's log of a callback that raised a message `_keep` logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return error is None or not any(m in str(error) for m in _kept.values())
+
+
+logging.getLogger("jax._src.callback").addFilter(_KeptUnlogged())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,24 +20,26 @@ from .._tracing._indexing import describe_index, get, overlay, put
 
 
 class Found(eqx.Module):
-    """The first violation found: 1 + its `Layout.sites` entry (0: none), its step
-    and the integers of its index."""
+    """The first violation found: 1 + its `Layout.sites` entry (0: none), its step,
+    the integers of its index, and the step that wrote the location later (of a
+    read; of a write, the step that wrote it again)."""
 
     site: Int[Array, ""]
     step: Int[Array, ""]
     ints: Int[Array, " rank"]
+    writer: Int[Array, ""]
 
     @classmethod
     def none(cls, layout) -> "Found":
         # how many integers the index of a checked read or write may hold
         rank = max([1, *(sum(p is None for p in s.pattern) for s in layout.sites)])
         zero = jnp.array(0, jnp.int32)
-        return cls(zero, zero, jnp.zeros(rank, jnp.int32))
+        return cls(zero, zero, jnp.zeros(rank, jnp.int32), zero)
 
-    def record(self, broken, code: int, step, index) -> "Found":
-        """This, or the violation `code` at `step` and `index` where `broken`: the
-        steps are visited last to first, so what is kept is the first in the
-        loop's order."""
+    def record(self, broken, code: int, step, index, writer) -> "Found":
+        """This, or the violation `code` at `step` and `index`, whose location
+        `writer` wrote later, where `broken`: the steps are visited last to first,
+        so what is kept is the first in the loop's order."""
         here = jnp.zeros_like(self.ints)
         if index.ints:
             here = here.at[: len(index.ints)].set(jnp.stack(index.ints))
@@ -45,22 +47,35 @@ class Found(eqx.Module):
             jnp.where(broken, code, self.site),
             jnp.where(broken, step, self.step),
             jnp.where(broken, here, self.ints),
+            jnp.where(broken, writer.astype(jnp.int32), self.writer),
         )
 
 
-def _after(old, live, found: Found):
-    """A mask's window after a write where `live`: `old | live`, written so that
-    it depends on every check made before it (`found`). XLA then orders those
-    reads of the mask before the write and updates it in place; without that
-    dependence it copies the whole mask every step (`live & found` adds nothing to
-    `live`, but XLA cannot tell)."""
-    checked = jnp.logical_and(live, found.site != 0)
-    return jnp.logical_or(old, jnp.logical_or(live, checked))
+def _after(old, live, step, found: Found):
+    """A window of the writers after a write at `step` where `live`: `step` there,
+    else `old`, written so that it depends on every check made before it
+    (`found`). XLA then orders those reads of the writers before the write and
+    updates them in place; without that dependence it copies them whole every step
+    (`found.site` adds nothing to `step`, but XLA cannot tell)."""
+    checked = jnp.where(found.site < 0, found.site, step).astype(old.dtype)
+    return jnp.where(live, checked, old)
+
+
+def _writer_dtype(max_steps: int | None):
+    """The smallest integer type that holds every step and `UNWRITTEN`: the
+    writers are an integer per element of a buffer."""
+    if max_steps is not None and max_steps < jnp.iinfo(jnp.int16).max:
+        return jnp.int16
+    return jnp.int32
+
+
+UNWRITTEN = -1  # the writer of a location no later step wrote
 
 
 class ReverseCheck(eqx.Module):
     """What the reverse sweep's check carries: per sparsely differentiated buffer
-    (else `None`), the locations written by the steps already reversed."""
+    (else `None`), per element, the first step (in the loop's order) of those
+    already reversed that wrote it, or `UNWRITTEN`."""
 
     later: tuple
     found: Found
@@ -68,14 +83,18 @@ class ReverseCheck(eqx.Module):
     rules: bool = eqx.field(static=True, default=False)
 
 
-def reverse_initial(step, bufs, name: str | None, rules: bool = False):
+def reverse_initial(
+    step, bufs, name: str | None, rules: bool = False, max_steps: int | None = None
+):
     """The reverse check's initial state, or `None` where it has nothing to check:
     the loop (named `name`) is not checked, or no buffer is differentiated.
-    `rules`: check every rule, not only the reads."""
+    `rules`: check every rule, not only the reads. `max_steps`: the loop's bound
+    (`None`: unbounded), which sizes the integers that name the steps."""
     if name is None or not any(step.sparse):
         return None
+    dtype = _writer_dtype(max_steps)
     later = tuple(
-        jnp.zeros(b.shape, bool) if sparse else None
+        jnp.full(b.shape, UNWRITTEN, dtype) if sparse else None
         for b, sparse in zip(bufs, step.sparse)
     )
     return ReverseCheck(later, Found.none(step.layout), rules)
@@ -101,28 +120,36 @@ def reverse_check(check: ReverseCheck, step, updates, i) -> ReverseCheck:
     later = list(check.later)
 
     def written_later(s, index, since):
-        """Where `index` of buffer `s.leaf` is written later than `since` (a
-        version of the buffer in this step)."""
+        """Per element of `index` of buffer `s.leaf`, the step that wrote it
+        later than `since` (a version of the buffer in this step: `i` where this
+        step wrote it after that version), or `UNWRITTEN`."""
         shape = later[s.leaf].shape
-        hit = get(later[s.leaf], index)
+        writer = get(later[s.leaf], index).astype(jnp.int32)
         for _, w, w_index, w_live in writes:
             if w.leaf == s.leaf and w.version >= since:
-                ones = jnp.ones(w_index.result_shape(), bool)
-                _, covered = overlay(hit, index, w_index, ones, shape)
-                hit = hit | (covered & w_live)
-        return hit
+                steps = jnp.full(w_index.result_shape(), i, jnp.int32)
+                _, covered = overlay(writer, index, w_index, steps, shape)
+                writer = jnp.where(covered & w_live, i, writer)
+        return writer
+
+    def first(writer, where):
+        """The first step of `writer` where `where` (any, if none is)."""
+        return jnp.min(jnp.where(where, writer, jnp.iinfo(jnp.int32).max))
 
     for k, (index, live, d) in zip(step.float_reads, updates.added):
         n, s = sites["read", k]
-        matters = jnp.logical_and(written_later(s, index, s.version), d != 0)
+        writer = written_later(s, index, s.version)
+        matters = jnp.logical_and(writer != UNWRITTEN, d != 0)
         broken = jnp.logical_and(live, jnp.any(matters))
-        found = found.record(broken, n + 1, i, index)
+        found = found.record(broken, n + 1, i, index, first(writer, matters))
     for n, s, index, live in writes if check.rules else ():
-        again = jnp.any(written_later(s, index, s.version + 1))
-        found = found.record(jnp.logical_and(live, again), n + 1, i, index)
+        writer = written_later(s, index, s.version + 1)
+        again = writer != UNWRITTEN
+        broken = jnp.logical_and(live, jnp.any(again))
+        found = found.record(broken, n + 1, i, index, first(writer, again))
     for _, w, index, live in writes:
         old = get(later[w.leaf], index)
-        later[w.leaf] = put(later[w.leaf], index, _after(old, live, found))
+        later[w.leaf] = put(later[w.leaf], index, _after(old, live, i, found))
     return ReverseCheck(tuple(later), found, check.rules)
 
 
@@ -137,15 +164,17 @@ class BufferViolation:
     shapes: tuple  # per buffer, its shape
     rules: bool = False  # every rule checked (`bl.buffer_checks()`), or the reads
 
-    def format(self, site, step, ints) -> str:
+    def format(self, site, step, ints, writer) -> str:
         s = self.sites[int(site) - 1]
         index = describe_index(s.pattern, [int(i) for i in ints], self.shapes[s.leaf])
         at = f"the buffer {self.buffers[s.leaf]} at {index} at step {int(step)}"
         head = f"`{self.loop}`: `body_fun` at {s.where}"
+        step, writer = int(step), int(writer)
+        when = f"at step {writer}" if writer > step else "later in that step"
         if s.kind == "write":
             return (
                 f"{head} wrote {at} (counting from 0), and wrote that location again "
-                "later (at a later step, or later in that one): a location already "
+                f"{when}: a location already "
                 "written. A rule broken: each location of a buffer may be written "
                 "at most once in a loop. (The gradient stays right while no step "
                 "reads the first value; `bl.buffer_checks()` holds the rule "
@@ -153,8 +182,8 @@ class BufferViolation:
             )
         return (
             f"{head} read {at} (counting from 0), and the value read matters, but "
-            "the loop wrote that location only later (at a later step, or later in "
-            "that one). The backward pass reads the buffer as the loop left it, so "
+            f"the loop wrote that location only later: {when}. The backward pass "
+            "reads the buffer as the loop left it, so "
             "the gradient would be wrong. Read only locations already written, or "
             "never written in the loop; values from before the loop that the loop "
             f"overwrites belong in an ordinary carry leaf. ({self._checked()})"
@@ -210,5 +239,5 @@ def raise_violations(name: str, layout, bufs, state, tree):
     shapes = tuple(b.shape for b in bufs)
     names = buffer_names(layout, bufs)
     message = BufferViolation(name, layout.sites, names, shapes, state.rules)
-    details = (found.site, found.step, found.ints)
+    details = (found.site, found.step, found.ints, found.writer)
     return raise_if(tree, found.site != 0, message, "bl.buffer_checks", details)

@@ -407,7 +407,7 @@ def reverse_sweep(
         ct_bufs,
         step.zero_ct_body(),
         _buffer_checks.reverse_initial(
-            step, tape.bufs, config.buffer_check, config.buffer_rules
+            step, tape.bufs, config.buffer_check, config.buffer_rules, config.max_steps
         ),
     )
     meter = _progress.start(config.max_steps, reverse=True)  # None unless metered
