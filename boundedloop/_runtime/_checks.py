@@ -50,12 +50,13 @@ def buffer_checks(enabled: bool = True):
     written twice, and a read whose value matters (its cotangent is nonzero) of a
     location the loop wrote only later, raise a runtime error (through
     `eqx.error_if`) after the loop, naming the buffer (its place in the carry),
-    the step, the index, the line of `body_fun` and the step that wrote the
-    location later. A read whose value does not matter (dropped by `jnp.where`,
-    multiplied by zero) passes.
+    the step, the index and the line of `body_fun` (and, inside this block, the
+    step that wrote the location later). A read whose value does not matter
+    (dropped by `jnp.where`, multiplied by zero) passes.
 
-    They cost a small integer per buffer element (the step that wrote it: 2 bytes
-    where `max_steps` is below 32767, else 4) and a few operations per reversed read
+    They cost one bool per buffer element (inside this block, the step that wrote
+    it: 2 bytes where `max_steps` is below 32767, else 4) and a few operations per
+    reversed read
     and write (`benchmarks/internal/buffer_checks.py`, shown in the buffers
     guide). What can be decided while
     tracing is an error at trace time whatever this says: a write whose result is
