@@ -30,22 +30,23 @@ class Found(eqx.Module):
     writer: Int[Array, ""] | None  # `None` where the marks do not name steps
 
     @classmethod
-    def none(cls, layout, named: bool) -> "Found":
+    def none(cls, layout, named: bool, ndims=()) -> "Found":
         """No violation; `named`: the writing steps are known (`_marks`). (Carrying
         one scalar more through the reverse loop when they are not cost a small
         step 1.18 times the unchecked gradient, where the check costs 0.99.)"""
         # how many integers the index of a checked read or write may hold
         rank = max([1, *(sum(p is None for p in s.pattern) for s in layout.sites)])
+        rank = max([rank, *ndims])  # (of a lent buffer's location)
         zero = jnp.array(0, jnp.int32)
         return cls(zero, zero, jnp.zeros(rank, jnp.int32), zero if named else None)
 
-    def record(self, broken, code: int, step, index, writer) -> "Found":
-        """This, or the violation `code` at `step` and `index`, whose location
-        `writer` wrote later, where `broken`: the steps are visited last to first,
-        so what is kept is the first in the loop's order."""
+    def record(self, broken, code: int, step, ints, writer) -> "Found":
+        """This, or the violation `code` at `step` and the index of integers
+        `ints`, whose location `writer` wrote later, where `broken`: the steps are
+        visited last to first, so what is kept is the first in the loop's order."""
         here = jnp.zeros_like(self.ints)
-        if index.ints:
-            here = here.at[: len(index.ints)].set(jnp.stack(index.ints))
+        if ints:
+            here = here.at[: len(ints)].set(jnp.stack(ints).astype(jnp.int32))
         return Found(
             jnp.where(broken, code, self.site),
             jnp.where(broken, step, self.step),
@@ -63,8 +64,8 @@ def _after(old, live, step, found: Found):
     if old.dtype == bool:  # `old | live`
         checked = jnp.logical_and(live, found.site != 0)
         return jnp.logical_or(old, jnp.logical_or(live, checked))
-    # `step` where `live`: no field of `found` is below `UNWRITTEN`
-    never = jnp.minimum(found.site, found.writer) < UNWRITTEN  # (named: not None)
+    # `step` where `live`: no field of `found` is that low
+    never = jnp.minimum(found.site, found.writer) < jnp.iinfo(jnp.int16).min
     return jnp.where(live, jnp.where(never, UNWRITTEN, step).astype(old.dtype), old)
 
 
@@ -85,36 +86,54 @@ def _marks(shape, rules: bool, max_steps: int | None):
 class ReverseCheck(eqx.Module):
     """What the reverse sweep's check carries: per sparsely differentiated buffer
     (else `None`), the marks (`_marks`) of the locations written by the steps
-    already reversed."""
+    already reversed; per buffer lent to an inner loop, its stamps from the
+    forward sweep (the last step that changed each element), or `None`."""
 
     later: tuple
     found: Found
+    stamps: tuple
     # every rule (`bl.buffer_checks()`), or only the reads (the default)
     rules: bool = eqx.field(static=True, default=False)
 
 
 def reverse_initial(
-    step, bufs, name: str | None, rules: bool = False, max_steps: int | None = None
+    step,
+    bufs,
+    name: str | None,
+    rules: bool = False,
+    max_steps: int | None = None,
+    stamps=None,
 ):
     """The reverse check's initial state, or `None` where it has nothing to check:
     the loop (named `name`) is not checked, or no buffer is differentiated.
     `rules`: check every rule, not only the reads. `max_steps`: the loop's bound
-    (`None`: unbounded), which sizes the integers that name the steps."""
-    if name is None or not any(step.sparse):
+    (`None`: unbounded), which sizes the integers that name the steps. `stamps`:
+    the forward sweep's (`CheckpointStore.stamps`), or `None`."""
+    stamps = tuple(
+        None if stamps is None or leaf not in step.dense else stamps[leaf]
+        for leaf in range(len(bufs))
+    )
+    stamped = [s is not None for s in stamps]
+    if name is None or not (any(step.sparse) or any(stamped)):
         return None
     later = tuple(
         _marks(b.shape, rules, max_steps) if sparse else None
         for b, sparse in zip(bufs, step.sparse)
     )
-    return ReverseCheck(later, Found.none(step.layout, rules), rules)
+    ndims = [b.ndim for b, s in zip(bufs, stamped) if s]
+    return ReverseCheck(later, Found.none(step.layout, rules, ndims), stamps, rules)
 
 
-def reverse_check(check: ReverseCheck, step, updates, i) -> ReverseCheck:
-    """`check` after reversing step `i`, whose `BufferUpdates` are `updates`. Against
-    the locations the loop wrote later (at a later step, or later in this one), which
-    the backward pass sees, a write there (the location was written twice) and a
-    read whose cotangent is nonzero there (the forward read the value from before
-    that write) are violations: see `docs/guides/buffers.md`, "Checking the rule".
+def reverse_check(check: ReverseCheck, step, updates, i, ct_bufs) -> ReverseCheck:
+    """`check` after reversing step `i`, whose `BufferUpdates` are `updates`, from
+    the buffers' cotangents `ct_bufs`. Against the locations the loop wrote later
+    (at a later step, or later in this one), which the backward pass sees, a write
+    there (the location was written twice) and a read whose cotangent is nonzero
+    there (the forward read the value from before that write) are violations: see
+    `docs/guides/buffers.md`, "Checking the rule". In a buffer lent to an inner
+    loop, whose reads and writes this loop does not see, a location that a later
+    step changed (its stamp) and whose cotangent this step changed is one: the
+    inner loop read it (a write there would find its cotangent zeroed already).
     """
     layout = step.layout
     sites = {(s.kind, s.number): (n, s) for n, s in enumerate(layout.sites)}
@@ -159,15 +178,28 @@ def reverse_check(check: ReverseCheck, step, updates, i) -> ReverseCheck:
         mark = written_later(s, index, s.version)
         matters = jnp.logical_and(hit(mark), d != 0)
         broken = jnp.logical_and(live, jnp.any(matters))
-        found = found.record(broken, n + 1, i, index, first(mark, matters))
+        found = found.record(broken, n + 1, i, index.ints, first(mark, matters))
     for n, s, index, live in writes if check.rules else ():
         mark = written_later(s, index, s.version + 1)
         broken = jnp.logical_and(live, jnp.any(hit(mark)))
-        found = found.record(broken, n + 1, i, index, first(mark, hit(mark)))
+        found = found.record(broken, n + 1, i, index.ints, first(mark, hit(mark)))
+    for leaf, d_in in zip(step.dense, updates.replaced):
+        stamp = check.stamps[leaf]
+        if stamp is not None:
+            read = jnp.logical_and(_differs(d_in, ct_bufs[leaf]), stamp > i)
+            where = jnp.unravel_index(jnp.argmax(read), read.shape)
+            writer = stamp[where] if named else None
+            found = found.record(jnp.any(read), -1 - leaf, i, list(where), writer)
     for _, w, index, live in writes:
         old = get(later[w.leaf], index)
         later[w.leaf] = put(later[w.leaf], index, _after(old, live, i, found))
-    return ReverseCheck(tuple(later), found, check.rules)
+    return ReverseCheck(tuple(later), found, check.stamps, check.rules)
+
+
+def _differs(a, b):
+    """Where `a` differs from `b` (NaN equal to NaN)."""
+    same = jnp.logical_or(a == b, jnp.isnan(a) & jnp.isnan(b))
+    return jnp.logical_not(same)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,6 +214,8 @@ class BufferViolation:
     rules: bool = False  # every rule checked (`bl.buffer_checks()`), or the reads
 
     def format(self, site, step, ints, writer) -> str:
+        if int(site) < 0:
+            return self._format_lent(-1 - int(site), step, ints, writer)
         s = self.sites[int(site) - 1]
         index = describe_index(s.pattern, [int(i) for i in ints], self.shapes[s.leaf])
         at = f"the buffer {self.buffers[s.leaf]} at {index} at step {int(step)}"
@@ -209,6 +243,27 @@ class BufferViolation:
             "the gradient would be wrong. Read only locations already written, or "
             "never written in the loop; values from before the loop that the loop "
             f"overwrites belong in an ordinary carry leaf. ({self._checked()})"
+        )
+
+    def _format_lent(self, leaf, step, ints, writer) -> str:
+        """A loop in `body_fun` read a location of a lent buffer that a later step
+        changed (see `reverse_check`)."""
+        shape = self.shapes[leaf]
+        index = list(map(int, ints))[: len(shape)]
+        where = (
+            "later in that step"
+            if int(writer) == int(step)
+            else f"at step {int(writer)}"
+        )
+        if int(writer) == UNWRITTEN:
+            where = "at a later step (`bl.buffer_checks()` names it)"
+        return (
+            f"`{self.loop}`: a loop inside `body_fun`, at step {int(step)} (counting "
+            f"from 0), read the buffer {self.buffers[leaf]} at {index}, and the "
+            "value read matters, but the loop wrote that location only later: "
+            f"{where}. The backward pass reads the buffer as the loop left it, so "
+            "the gradient would be wrong. Read only locations already written, or "
+            f"never written in the loop. ({self._checked()})"
         )
 
     def _checked(self) -> str:

@@ -156,3 +156,6 @@ class CheckpointStore(NamedTuple):
     bufs: tuple  # the final buffers: every value ever written
     # the last `tape_steps` steps' residuals (`_tape`), or None: nothing taped
     tape: Any = None
+    # per buffer, the last step that changed each element of a buffer lent to an
+    # inner loop, or None: not stamped (`_forward_sweeps.stamped_buffers`)
+    stamps: Any = None

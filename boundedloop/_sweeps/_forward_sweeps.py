@@ -18,6 +18,7 @@ from .._runtime import _progress
 from .._runtime._batching import any_across_batch, select_if_batched
 from .._runtime._checks import check_stopped
 from .._runtime._shard_map import varying_while_loop
+from .._tracing._dtypes import is_inexact
 from .._tracing._loop import LoopConfig, TracedLoop
 from . import _checkpoint_store, _cost_model, _tape
 from ._checkpoint_store import CheckpointStore
@@ -80,8 +81,8 @@ def plain_sweep(loop: TracedLoop, config: LoopConfig):
         return _finish(loop, config, (final, ()))
 
     going, step = _stepping(loop, body, max_steps, meter)
-    state = (jnp.array(0, jnp.int32), loop.init, loop.bufs, None, None)
-    t, x, bufs, _, _ = varying_while_loop(going, step, state)
+    state = (jnp.array(0, jnp.int32), loop.init, loop.bufs, None, None, None)
+    t, x, bufs, *_ = varying_while_loop(going, step, state)
     _progress.done(meter, t)
     return _finish(loop, config, (x, bufs))
 
@@ -138,10 +139,35 @@ def _initial_stores(
     )
 
 
+def stamped_buffers(loop: TracedLoop, config: LoopConfig) -> tuple[bool, ...]:
+    """Per buffer, whether the checkpointed sweep stamps it: a floating buffer lent
+    to an inner loop (`Layout.shared`) of at most `_cost_model.SMALL_BUFFERS`
+    bytes, in a checked loop. Its stamps, the last step that changed each element,
+    let the reverse sweep's check find an inner loop's read of a location that a
+    later step of this loop writes (`_buffer_checks.reverse_check`); a larger one
+    would be copied every step to compare."""
+    if config.buffer_check is None:
+        return (False,) * len(loop.bufs)
+    return tuple(
+        leaf in loop.layout.shared
+        and is_inexact(b)
+        and b.size * b.dtype.itemsize <= _cost_model.SMALL_BUFFERS
+        for leaf, b in enumerate(loop.bufs)
+    )
+
+
+def _changed(new, old):
+    """Where `new` differs from `old` (NaN equal to NaN)."""
+    same = jnp.logical_or(new == old, jnp.isnan(new) & jnp.isnan(old))
+    return jnp.logical_not(same)
+
+
 def _stepping(loop: TracedLoop, body, max_steps, meter, taped=None):
-    """`(going, step)` on `(t, x, bufs, trips, tape)`: whether the loop goes on, and
-    one masked step, counting each element's trips (unless `trips` is `None`) and,
-    with a `_tape.TapedStep` `taped`, writing its residuals into `tape`."""
+    """`(going, step)` on `(t, x, bufs, trips, tape, stamps)`: whether the loop
+    goes on, and one masked step, counting each element's trips (unless `trips` is
+    `None`), with a `_tape.TapedStep` `taped`, writing its residuals into `tape`,
+    and stamping `t` where it changes a buffer that has stamps (`stamped_buffers`;
+    `stamps` `None`: none has)."""
 
     def going(stepping):
         t, x, bufs = stepping[:3]
@@ -149,18 +175,23 @@ def _stepping(loop: TracedLoop, body, max_steps, meter, taped=None):
         return jnp.logical_and(_within(t, max_steps), on)
 
     def step(stepping):
-        t, x, bufs, trips, tape = stepping
+        t, x, bufs, trips, tape, stamps = stepping
         active = _active(loop, x, bufs)
         if taped is None:
-            new_x, bufs = advance(body, loop.layout, x, bufs, active)
+            new_x, new_bufs = advance(body, loop.layout, x, bufs, active)
         else:
-            new_x, bufs, row = taped.forward(x, bufs, active)
+            new_x, new_bufs, row = taped.forward(x, bufs, active)
             tape = _tape.write(tape, t, row)
+        if stamps is not None:
+            stamps = tuple(
+                None if s is None else jnp.where(_changed(new, old), t, s)
+                for s, new, old in zip(stamps, new_bufs, bufs)
+            )
         x = select_if_batched(active, new_x, x)
         if trips is not None:
             trips = trips + active.astype(jnp.int32)
         _progress.tick(meter, t + 1)
-        return t + 1, x, bufs, trips, tape
+        return t + 1, x, new_bufs, trips, tape, stamps
 
     return going, step
 
@@ -196,7 +227,7 @@ def checkpointed_sweep(
     block = 0 if config.tapes_every_step else config.tape_steps
     rule = store_rule(slots, max_steps, config.known_length, in_order, block)
 
-    # the carry: `stepping = (t, x, bufs, trips, tape)` and `_Stores`
+    # the carry: `stepping = (t, x, bufs, trips, tape, stamps)` and `_Stores`
     taped = tape = None
     if taped_step is not None and config.forward_tapes:
         taped = _tape.TapedStep(taped_step, loop.init, loop.bufs)
@@ -220,7 +251,12 @@ def checkpointed_sweep(
         return stepping, _store_event(rule, *stepping[:2], stores, going(stepping))
 
     zero = jnp.array(0, jnp.int32)
-    stepping = (zero, loop.init, loop.bufs, zero, tape)
+    stamps = tuple(
+        jnp.full(b.shape, -1, jnp.int32) if s else None
+        for b, s in zip(loop.bufs, stamped_buffers(loop, config))
+    )
+    stamps = stamps if any(s is not None for s in stamps) else None
+    stepping = (zero, loop.init, loop.bufs, zero, tape, stamps)
     stores = _initial_stores(loop, slots, perturbed, in_order)
     if rule is None:
         outer = store_every_step
@@ -230,7 +266,7 @@ def checkpointed_sweep(
     stepping, stores = varying_while_loop(
         lambda state: going(state[0]), outer, (stepping, stores)
     )
-    length, x, bufs, trips, tape = stepping
+    length, x, bufs, trips, tape, stamps = stepping
     _progress.done(meter, length)
     positions = stores.positions
     used = jnp.sum(positions != _checkpoint_store.UNUSED, dtype=jnp.int32)
@@ -241,7 +277,7 @@ def checkpointed_sweep(
     # the check travels with the trip count too, which every backward pass reads
     x, bufs, length = _finish(loop, config, (x, bufs, length))
     return (x, bufs), CheckpointStore(
-        stores.storage, positions, used, trips, length, bufs, tape
+        stores.storage, positions, used, trips, length, bufs, tape, stamps
     )
 
 

@@ -139,7 +139,7 @@ def _reverse(sw: Sweep, state, i, pullback, active, then=None):
     ct = carried(sw, ct)
     check = state.check
     if check is not None:
-        check = _buffer_checks.reverse_check(check, sw.step, updates, i)
+        check = _buffer_checks.reverse_check(check, sw.step, updates, i, state.ct_bufs)
     end = state.end - (1 if then is None else reversing.astype(state.end.dtype))
     state = state._replace(
         end=end, ct=ct, ct_bufs=ct_bufs, ct_body=ct_body, check=check
@@ -407,7 +407,12 @@ def reverse_sweep(
         ct_bufs,
         step.zero_ct_body(),
         _buffer_checks.reverse_initial(
-            step, tape.bufs, config.buffer_check, config.buffer_rules, config.max_steps
+            step,
+            tape.bufs,
+            config.buffer_check,
+            config.buffer_rules,
+            config.max_steps,
+            tape.stamps,
         ),
     )
     meter = _progress.start(config.max_steps, reverse=True)  # None unless metered
