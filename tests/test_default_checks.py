@@ -1,7 +1,7 @@
 """Right or loud by default: a buffer body drawn from the mistakes users make
 (reads through a clamp, an index array, a wrap at step 0, the whole buffer; writes
-at `i // 2`; with and without `pred`; on `bl.while_loop` and `bl.scan`; several
-checkpoint counts) has, with no switch entered, a gradient that either equals the
+at `i // 2`; with and without `pred`; on `bl.while_loop` and `bl.scan`; each step
+in an inner loop or not; several checkpoint counts) has, with no switch entered, a gradient that either equals the
 same body's unrolled on `jnp` arrays or raises our error naming the read.
 
 The default suite draws a few bodies; `BOUNDEDLOOP_CHECK_EXAMPLES=500 python -m
@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, Phase, settings, strategies as st
+from hypothesis import example, given, Phase, settings, strategies as st
 
 import boundedloop as bl
 from boundedloop._sweeps import _buffer_checks
@@ -77,6 +77,8 @@ class Body(NamedTuple):
     checkpoints: int | None
     steps: int
     rules: bool = False  # inside `bl.buffer_checks()`, which names the writing step
+    # each step inside an inner loop of one step, to which the buffer is lent
+    nested: bool = False
 
 
 def _step(body: Body):
@@ -98,6 +100,12 @@ def _step(body: Body):
 
 def _ours(body: Body):
     step = _step(body)
+    if body.nested:
+        inner = step
+
+        def step(c):
+            i = c[2]
+            return bl.while_loop(lambda c: c[2] < i + 1, inner, c, max_steps=1)
 
     def loss(x0):
         init = (x0, jnp.zeros((ROWS, 3)), 0)
@@ -145,6 +153,7 @@ bodies = st.builds(
     checkpoints=st.sampled_from([1, 2, None]),
     steps=st.integers(1, ROWS),
     rules=st.sampled_from([False, False, True]),
+    nested=st.booleans(),
 )
 _EXAMPLES = int(os.environ.get("BOUNDEDLOOP_CHECK_EXAMPLES", "5"))
 
@@ -158,6 +167,9 @@ _EXAMPLES = int(os.environ.get("BOUNDEDLOOP_CHECK_EXAMPLES", "5"))
     phases=(Phase.explicit, Phase.generate),
 )
 @given(body=bodies)
+# a read of the row the next outer step writes, from the inner loop: silently wrong
+# before the outer loop stamped its lent buffer
+@example(body=Body("clamped_ahead", "forward", "step", False, False, 2, 5, nested=True))
 def test_the_default_gradient_is_right_or_loud(body):
     expected = on_host(jax.grad(_unrolled(body)))(X0)
     try:
