@@ -300,3 +300,17 @@ def test_nested_reads_of_rows_written_before_are_right():
     expected = on_host(jax.grad(_nested("behind", False)))(X0)
     got = jax.jit(jax.grad(_nested("behind", True)))(X0)
     assert tree_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(
+    _buffer_checks.callbacks_are_costly(), reason="the default's error path is NaN"
+)
+def test_nested_stamps_under_vmap():
+    """The stamps are batched with the buffer: a batch of rows read behind is right,
+    a batch with a read ahead raises."""
+    xs = jnp.stack([X0, 0.5 * X0, -X0])
+    expected = on_host(jax.vmap(jax.grad(_nested("behind", False))))(xs)
+    got = jax.jit(jax.vmap(jax.grad(_nested("behind", True))))(xs)
+    assert tree_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    with pytest.raises(Exception, match="a loop inside `body_fun`"):
+        jax.block_until_ready(jax.jit(jax.vmap(jax.grad(_nested("outer", True))))(xs))

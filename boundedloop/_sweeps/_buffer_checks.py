@@ -248,13 +248,8 @@ class BufferViolation:
     def _format_lent(self, leaf, step, ints, writer) -> str:
         """A loop in `body_fun` read a location of a lent buffer that a later step
         changed (see `reverse_check`)."""
-        shape = self.shapes[leaf]
-        index = list(map(int, ints))[: len(shape)]
-        where = (
-            "later in that step"
-            if int(writer) == int(step)
-            else f"at step {int(writer)}"
-        )
+        index = list(map(int, ints))[: len(self.shapes[leaf])]
+        where = f"at step {int(writer)}"  # (a stamp later than `step`)
         if int(writer) == UNWRITTEN:
             where = "at a later step (`bl.buffer_checks()` names it)"
         return (
