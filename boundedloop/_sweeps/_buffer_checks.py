@@ -186,7 +186,7 @@ def reverse_check(check: ReverseCheck, step, updates, i, ct_bufs) -> ReverseChec
     for leaf, d_in in zip(step.dense, updates.replaced):
         stamp = check.stamps[leaf]
         if stamp is not None:
-            read = jnp.logical_and(_differs(d_in, ct_bufs[leaf]), stamp > i)
+            read = jnp.logical_and(differs(d_in, ct_bufs[leaf]), stamp > i)
             where = jnp.unravel_index(jnp.argmax(read), read.shape)
             writer = stamp[where] if named else None
             found = found.record(jnp.any(read), -1 - leaf, i, list(where), writer)
@@ -196,7 +196,7 @@ def reverse_check(check: ReverseCheck, step, updates, i, ct_bufs) -> ReverseChec
     return ReverseCheck(tuple(later), found, check.stamps, check.rules)
 
 
-def _differs(a, b):
+def differs(a, b):
     """Where `a` differs from `b` (NaN equal to NaN)."""
     same = jnp.logical_or(a == b, jnp.isnan(a) & jnp.isnan(b))
     return jnp.logical_not(same)

@@ -21,6 +21,7 @@ from .._runtime._shard_map import varying_while_loop
 from .._tracing._dtypes import is_inexact
 from .._tracing._loop import LoopConfig, TracedLoop
 from . import _checkpoint_store, _cost_model, _tape
+from ._buffer_checks import differs
 from ._checkpoint_store import CheckpointStore
 from ._step import advance, invariant_leaves
 from ._store_rules import store_rule
@@ -156,12 +157,6 @@ def stamped_buffers(loop: TracedLoop, config: LoopConfig) -> tuple[bool, ...]:
     )
 
 
-def _changed(new, old):
-    """Where `new` differs from `old` (NaN equal to NaN)."""
-    same = jnp.logical_or(new == old, jnp.isnan(new) & jnp.isnan(old))
-    return jnp.logical_not(same)
-
-
 def _stepping(loop: TracedLoop, body, max_steps, meter, taped=None):
     """`(going, step)` on `(t, x, bufs, trips, tape, stamps)`: whether the loop
     goes on, and one masked step, counting each element's trips (unless `trips` is
@@ -184,7 +179,7 @@ def _stepping(loop: TracedLoop, body, max_steps, meter, taped=None):
             tape = _tape.write(tape, t, row)
         if stamps is not None:
             stamps = tuple(
-                None if s is None else jnp.where(_changed(new, old), t, s)
+                None if s is None else jnp.where(differs(new, old), t, s)
                 for s, new, old in zip(stamps, new_bufs, bufs)
             )
         x = select_if_batched(active, new_x, x)
