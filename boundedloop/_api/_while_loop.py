@@ -187,8 +187,7 @@ def run_loop(
     check_every_step_writes(loop.layout, names, max_steps, name)
     warn_reads_ahead(loop, names, max_steps, name)
     # a scan always takes all its steps; an unbounded loop never runs out
-    checked = not known_length and max_steps is not None
-    check = max_steps_check_mode() if checked else None
+    check = None if known_length or max_steps is None else max_steps_check_mode()
     mode = buffer_check_mode()
     if max_steps == 0:
         x, bufs = loop.init, loop.bufs

@@ -157,5 +157,5 @@ class CheckpointStore(NamedTuple):
     # the last `tape_steps` steps' residuals (`_tape`), or None: nothing taped
     tape: Any = None
     # per buffer, the last step that changed each element of a buffer lent to an
-    # inner loop, or None: not stamped (`_forward_sweeps.stamped_buffers`)
+    # inner loop, or None: not stamped (`_forward_sweeps.initial_stamps`)
     stamps: Any = None

@@ -140,28 +140,33 @@ def _initial_stores(
     )
 
 
-def stamped_buffers(loop: TracedLoop, config: LoopConfig) -> tuple[bool, ...]:
-    """Per buffer, whether the checkpointed sweep stamps it: a floating buffer lent
-    to an inner loop (`Layout.shared`) of at most `_cost_model.SMALL_BUFFERS`
-    bytes, in a checked loop. Its stamps, the last step that changed each element,
-    let the reverse sweep's check find an inner loop's read of a location that a
-    later step of this loop writes (`_buffer_checks.reverse_check`); a larger one
-    would be copied every step to compare."""
+def initial_stamps(loop: TracedLoop, config: LoopConfig) -> tuple | None:
+    """The checkpointed sweep's stamps before its first step: per buffer, `-1` per
+    element where it stamps the buffer, else `None`; `None` if it stamps none. It
+    stamps a floating buffer lent to an inner loop (`Layout.shared`) of at most
+    `_cost_model.SMALL_BUFFERS` bytes, in a checked loop. The stamps, the last step
+    that changed each element, let the reverse sweep's check find an inner loop's
+    read of a location that a later step of this loop writes
+    (`_buffer_checks.reverse_check`); a larger buffer would be copied every step to
+    compare."""
     if config.buffer_check is None:
-        return (False,) * len(loop.bufs)
-    return tuple(
-        leaf in loop.layout.shared
+        return None
+    stamps = tuple(
+        jnp.full(b.shape, -1, jnp.int32)
+        if leaf in loop.layout.shared
         and is_inexact(b)
         and b.size * b.dtype.itemsize <= _cost_model.SMALL_BUFFERS
+        else None
         for leaf, b in enumerate(loop.bufs)
     )
+    return stamps if any(s is not None for s in stamps) else None
 
 
 def _stepping(loop: TracedLoop, body, max_steps, meter, taped=None):
     """`(going, step)` on `(t, x, bufs, trips, tape, stamps)`: whether the loop
     goes on, and one masked step, counting each element's trips (unless `trips` is
     `None`), with a `_tape.TapedStep` `taped`, writing its residuals into `tape`,
-    and stamping `t` where it changes a buffer that has stamps (`stamped_buffers`;
+    and stamping `t` where it changes a buffer that has stamps (`initial_stamps`;
     `stamps` `None`: none has)."""
 
     def going(stepping):
@@ -246,12 +251,7 @@ def checkpointed_sweep(
         return stepping, _store_event(rule, *stepping[:2], stores, going(stepping))
 
     zero = jnp.array(0, jnp.int32)
-    stamps = tuple(
-        jnp.full(b.shape, -1, jnp.int32) if s else None
-        for b, s in zip(loop.bufs, stamped_buffers(loop, config))
-    )
-    stamps = stamps if any(s is not None for s in stamps) else None
-    stepping = (zero, loop.init, loop.bufs, zero, tape, stamps)
+    stepping = (zero, loop.init, loop.bufs, zero, tape, initial_stamps(loop, config))
     stores = _initial_stores(loop, slots, perturbed, in_order)
     if rule is None:
         outer = store_every_step
