@@ -81,6 +81,7 @@ def _costly_steps(monkeypatch):
     (`_tape.plan`): planned as costly, its budgets take the tape's paths."""
     for module in (_tape, _memory_plan):
         monkeypatch.setattr(module, "is_cheap", lambda body: False)
+        monkeypatch.setattr(module, "stores_before_taping", lambda body: False)
 
 
 def ours(setting, buffers):

@@ -4,6 +4,7 @@ cross the carry's size, the tape row's and the whole loop's; body evaluations
 against `bl.memory_plan`; the transforms composed with a budget; the errors."""
 
 import functools
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +15,7 @@ from jax import lax
 
 import boundedloop as bl
 from boundedloop._api import _memory_plan
-from boundedloop._sweeps import _tape
+from boundedloop._sweeps import _cost_model, _tape
 
 from .helpers import on_host, tree_allclose
 
@@ -27,6 +28,7 @@ def _costly_steps(monkeypatch, request):
     if "cheap" not in request.node.name:
         for module in (_tape, _memory_plan):
             monkeypatch.setattr(module, "is_cheap", lambda body: False)
+            monkeypatch.setattr(module, "stores_before_taping", lambda body: False)
 
 
 D, MAX_STEPS = 6, 24
@@ -192,6 +194,28 @@ def test_cheap_steps_are_stored():
     assert plan.body_evaluations(9) == 18
     got = jax.grad(_loss, (0, 1))(W0, X0, 9, memory=MAX_STEPS * CARRY)
     assert tree_allclose(got, jax.grad(_reference, (0, 1))(W0, X0, 9), rtol=1e-4)
+
+
+def test_cheap_steps_on_a_tpu_are_stored_where_a_tape_fits(monkeypatch):
+    """On a TPU a step lighter than `_cost_model.HEAVY_WORK` is stored every step
+    where `max_steps` copies fit, even where every step's residuals would fit too
+    (`_cost_model.stores_before_taping`); a heavy one, or any on a CPU, is taped."""
+    on_tpu = functools.partial(_cost_model.stores_before_taping, backend="tpu")
+    for module in (_tape, _memory_plan):
+        monkeypatch.setattr(module, "stores_before_taping", on_tpu)
+    plan = _plan("1 MiB")
+    assert (plan.checkpoints, plan.tape_steps) == (MAX_STEPS, 0)
+    assert plan.body_evaluations(9) == 18
+    got = jax.grad(_loss, (0, 1))(W0, X0, 9, memory="1 MiB")
+    assert tree_allclose(got, jax.grad(_reference, (0, 1))(W0, X0, 9), rtol=1e-4)
+
+    def jaxpr_of(width):
+        w = jnp.ones((width, width))
+        return SimpleNamespace(jaxpr=jax.make_jaxpr(lambda x: w @ x)(w[0]).jaxpr)
+
+    assert on_tpu(jaxpr_of(D))
+    assert not on_tpu(jaxpr_of(1024))  # 2**20 multiply-adds
+    assert not _cost_model.stores_before_taping(jaxpr_of(D), backend="cpu")
 
 
 def test_scan_with_every_step_taped_is_a_stored_scan():

@@ -7,7 +7,7 @@ from typing import Any
 import equinox as eqx
 import jax.tree_util as jtu
 
-from .._sweeps._cost_model import is_cheap
+from .._sweeps._cost_model import is_cheap, stores_before_taping
 from .._sweeps._schedule import gradient_evaluations
 from .._sweeps._step import ReversibleStep
 from .._sweeps._store_rules import uniform_positions
@@ -122,8 +122,9 @@ def memory_plan(
     perturbed = perturbed_leaves(loop.body, consts, initial, loop.layout)
     step = ReversibleStep(loop.body, loop.layout, wanted_body, perturbed)
     taped = TapedStep(step, loop.init, loop.bufs)
-    cheap = is_cheap(loop.body)
-    slots, steps = plan(memory, size, taped.bytes_per_step, max_steps, cheap)
+    cheap, first = is_cheap(loop.body), stores_before_taping(loop.body)
+    row = taped.bytes_per_step
+    slots, steps = plan(memory, size, row, max_steps, cheap, first)
     return MemoryPlan(
         checkpoints=slots,
         tape_steps=steps,

@@ -87,6 +87,21 @@ def shares_one_step(body, backend: str | None = None) -> bool:
     return on_tpu and work(body.jaxpr) >= HEAVY_WORK
 
 
+def stores_before_taping(body, backend: str | None = None) -> bool:
+    """Whether a `memory=` budget stores the carry at every step rather than tape
+    the step's residuals, where both would fit (`_tape.plan`): on a TPU, a step of
+    less than `HEAVY_WORK`. The backend is JAX's default when the loop is traced
+    unless `backend` names one.
+
+    On the chip each taped residual is a write in the forward sweep and a read in
+    the reverse one, a kernel each at every step, where a light step costs about as
+    much: diffrax's neural ODE (work 11770, 15 residual arrays of 821 bytes a step)
+    took 13.9 ms per gradient with every step taped against 8.0 ms with every
+    step's carry stored (`docs/design-notes.md`, "How a memory budget is split")."""
+    on_tpu = (backend or jax.default_backend()) == "tpu"
+    return on_tpu and work(body.jaxpr) < HEAVY_WORK
+
+
 # a bounded loop's recomputation reads its splits from a listed table of at most
 # this many entries (4 MB; `lists_splits`)
 LISTED_SPLITS = 2**20

@@ -24,7 +24,7 @@ from jax import lax
 from jax.extend.core import jaxpr_as_fun, Literal
 
 from .._tracing._loop import LoopConfig
-from ._cost_model import is_cheap
+from ._cost_model import is_cheap, stores_before_taping
 from ._step import invariant_leaves, ReversibleStep
 
 
@@ -178,11 +178,16 @@ def plan(
     row_bytes: int,
     max_steps: int | None,
     cheap: bool = False,
+    stores_first: bool = False,
 ) -> tuple[int, int]:
     """`(checkpoints, tape_steps)` for a budget of `memory` bytes, where a copy of
     the carry takes `carry_bytes` and a step's row of the tape `row_bytes`; `cheap`:
-    the step is cheap (`_cost_model.is_cheap`).
+    the step is cheap (`_cost_model.is_cheap`); `stores_first`: the carry is stored
+    every step where `max_steps` copies fit, before any tape is considered
+    (`_cost_model.stores_before_taping`).
 
+    - With `stores_first`, the carry is stored every step where `max_steps` copies
+      fit: no step is evaluated twice, and none is taped.
     - Every step is taped by the forward sweep when `max_steps` rows and one carry
       copy fit: the gradient is then a stored scan (no step evaluated twice).
     - Otherwise a cheap step is stored every step where `max_steps` carry copies
@@ -206,9 +211,12 @@ def plan(
     def capped(c):
         return max(1, c if max_steps is None else min(c, max(max_steps, 1)))
 
+    stores_every_step = max_steps is not None and max_steps * carry_bytes <= memory
+    if stores_first and stores_every_step:
+        return capped(max_steps), 0
     if max_steps is not None and carry_bytes + max_steps * row_bytes <= memory:
         return 1, max_steps
-    if cheap and max_steps is not None and max_steps * carry_bytes <= memory:
+    if cheap and stores_every_step:
         return capped(max_steps), 0
     if row_bytes == 0:
         return capped(memory // carry_bytes), 0
@@ -248,6 +256,6 @@ def planned(config: LoopConfig, step: ReversibleStep, x, bufs) -> LoopConfig:
         return config
     row = TapedStep(step, x, bufs).bytes_per_step
     size = carry_bytes(step.body, x)
-    cheap = is_cheap(step.body)
-    slots, steps = plan(config.memory, size, row, config.max_steps, cheap)
+    cheap, first = is_cheap(step.body), stores_before_taping(step.body)
+    slots, steps = plan(config.memory, size, row, config.max_steps, cheap, first)
     return dataclasses.replace(config, checkpoints=slots, tape_steps=steps)
