@@ -9,6 +9,7 @@ pytest -n 0 tests/test_default_checks.py` draws many.
 """
 
 import contextlib
+import functools
 import os
 import re
 from typing import NamedTuple
@@ -20,6 +21,7 @@ import pytest
 from hypothesis import example, given, Phase, settings, strategies as st
 
 import boundedloop as bl
+from boundedloop._api._equinox_signature import equinox_style_while_loop
 from boundedloop._sweeps import _buffer_checks
 
 from .helpers import on_host, tree_allclose
@@ -229,7 +231,10 @@ def test_under_jax_jit_the_first_line_is_ours(caplog):
     assert not caplog.records
 
 
-def _nested(reads: str, buffers: bool):
+unchecked_loop = functools.partial(equinox_style_while_loop, checked=False)
+
+
+def _nested(reads: str, buffers: bool, outer_checked: bool = True):
     """Outer step `i` runs an inner loop of 2 steps writing rows `2i` and `2i + 1`,
     reading a row ahead: `"inner"`, row `j + 1` (clamped: written later by this
     inner loop, or by the next outer step); `"outer"`, row `2i + 2` (written by the
@@ -264,7 +269,10 @@ def _nested(reads: str, buffers: bool):
         if buffers:
             cond = lambda c: c[2] < 4  # noqa: E731
             buffer = lambda c: c[1]  # noqa: E731
-            carry = bl.while_loop(
+            # unchecked: as a client's own loop (checked, the equinox-style loop
+            # would check only the reads inside `bl.buffer_checks()`)
+            loop = bl.while_loop if outer_checked else unchecked_loop
+            carry = loop(
                 cond, outer_body, carry, max_steps=4, checkpoints=2, buffers=buffer
             )
         else:
@@ -292,6 +300,45 @@ def test_nested_reads_ahead_are_loud(reads):
         jax.block_until_ready(jax.jit(jax.grad(_nested(reads, True)))(X0))
     if reads == "outer":
         assert "only later: at step 1." in str(e.value)
+
+
+@pytest.mark.skipif(
+    _buffer_checks.callbacks_are_costly(), reason="the default's error path is NaN"
+)
+def test_an_unchecked_loop_keeps_its_inner_loops_checked():
+    """`checked=False` (a client's own loop, as diffrax's stage loop) drops that
+    loop's check only: the inner loop's read ahead still raises; the outer loop's
+    read ahead, which only its stamps would find, passes unchecked."""
+    with pytest.raises(Exception, match=LATER):
+        jax.block_until_ready(jax.jit(jax.grad(_nested("inner", True, False)))(X0))
+    jax.block_until_ready(jax.jit(jax.grad(_nested("outer", True, False)))(X0))
+
+
+def test_a_loop_that_reads_no_buffer_is_checked_only_for_the_rules():
+    """By default only reads are checked: a body that writes its buffer and never
+    reads it has nothing to check, and its gradient no check; inside
+    `bl.buffer_checks()` its writes are."""
+
+    def loss(x0):
+        def body(c):
+            x, ys, i = c
+            x = jnp.tanh(W @ x)
+            return x, ys.at[i].set(x), i + 1
+
+        init = (x0, jnp.zeros((4, 3)), 0)
+        out = bl.while_loop(
+            lambda c: c[2] < 4, body, init, max_steps=4, buffers=lambda c: c[1]
+        )
+        return jnp.sum(out[1] ** 2)
+
+    def checks():  # a new function each time: traced afresh
+        return str(jax.make_jaxpr(jax.grad(lambda x: loss(x)))(X0)).count(
+            "boundedloop_raise_if"
+        )
+
+    assert checks() == 0
+    with bl.buffer_checks():
+        assert checks() == 1
 
 
 def test_nested_reads_of_rows_written_before_are_right():

@@ -3,7 +3,7 @@ diffrax and optimistix hand their solves."""
 
 from .._runtime._checks import reads_checked_at_most
 from .._tracing._buffers import clamped_writes
-from ._while_loop import while_loop
+from ._while_loop import run_loop
 
 
 def equinox_style_while_loop(
@@ -15,6 +15,7 @@ def equinox_style_while_loop(
     buffers=None,
     checkpoints=None,
     memory=None,
+    checked: bool = True,
     **_,
 ):
     """`bl.while_loop` called as a client calls `equinox.internal.while_loop`.
@@ -23,6 +24,8 @@ def equinox_style_while_loop(
 
     - `cond_fun`, `body_fun`, `init_val`, `max_steps`, `buffers`, `checkpoints`,
       `memory`: as for `bl.while_loop`.
+    - `checked`: `False` for a client's own loop whose buffers need no run-time
+      check (the loops traced in its body keep theirs).
     - the rest (equinox's `kind`, `base`): ignored; the loop is always ours.
 
     The client's buffers follow Equinox's rules, not ours: an out-of-range write
@@ -34,7 +37,7 @@ def equinox_style_while_loop(
     **Returns:** the final value of the loop.
     """
     with clamped_writes(), reads_checked_at_most():
-        return while_loop(
+        return run_loop(
             cond_fun,
             body_fun,
             init_val,
@@ -42,6 +45,8 @@ def equinox_style_while_loop(
             checkpoints=checkpoints,
             memory=memory,
             buffers=buffers,
+            name="bl.while_loop",
+            checked=checked,
         )
 
 

@@ -159,8 +159,11 @@ def run_loop(
     memory=None,
     known_length: bool = False,
     stats: bool = False,
+    checked: bool = True,
 ):
     """`while_loop`, and the machinery `scan` shares: validate, trace, run.
+    `checked=False` leaves this loop's buffers unchecked at run time (the loops
+    traced in its body keep the checks in force).
 
     With `stats`, returns `(final carry, LoopStats)`: the loop runs on a `Counted`
     carry (see `_stats`) that the user's functions never see. (One function of a
@@ -188,7 +191,7 @@ def run_loop(
     warn_reads_ahead(loop, names, max_steps, name)
     # a scan always takes all its steps; an unbounded loop never runs out
     check = None if known_length or max_steps is None else max_steps_check_mode()
-    mode = buffer_check_mode()
+    mode = buffer_check_mode() if checked else "off"
     if max_steps == 0:
         x, bufs = loop.init, loop.bufs
         if check == "raise":

@@ -105,7 +105,8 @@ def reverse_initial(
     stamps=None,
 ):
     """The reverse check's initial state, or `None` where it has nothing to check:
-    the loop (named `name`) is not checked, or no buffer is differentiated.
+    the loop (named `name`) is not checked, no buffer is differentiated, or only
+    the reads are checked and the body reads no buffer (nor lends one).
     `rules`: check every rule, not only the reads. `max_steps`: the loop's bound
     (`None`: unbounded), which sizes the integers that name the steps. `stamps`:
     the forward sweep's (`CheckpointStore.stamps`), or `None`."""
@@ -115,6 +116,8 @@ def reverse_initial(
     )
     stamped = [s is not None for s in stamps]
     if name is None or not (any(step.sparse) or any(stamped)):
+        return None
+    if not (rules or step.layout.read_leaves or any(stamped)):
         return None
     later = tuple(
         _marks(b.shape, rules, max_steps) if sparse else None
