@@ -1,9 +1,9 @@
 """What the buffer checks cost: gradients with every rule checked
 (`bl.buffer_checks()`), with the default's check of the reads, and with none
 (`bl.buffer_checks(False)`), back to back in a random order each round after a
-warm-up: medians, the per-round ratios' medians and quartiles, temp memory. On `buffers.py`'s workload and on steps of growing
+warm-up: medians, the per-round ratios' medians and quartiles, temp memory. On `buffers.py`'s workload, on steps of growing
 work (`v <- tanh(W v + row i - 1)`, W of (w, w)), labelled with the work the cost
-model sees (internal: `_cost_model.work`).
+model sees (internal: `_cost_model.work`), and on loops in loops sharing a buffer.
 
     python benchmarks/internal/buffer_checks.py [--rounds 40]
         [--out benchmarks/results/buffer_checks.json]
@@ -56,6 +56,42 @@ def make_matvec(width, rows=256, checkpoints=16):
     return jax.jit(jax.grad(loss)), (v0,), _cost_model.work(steps.jaxpr)
 
 
+def make_nested(rows, width=32, outer=16, inner=4):
+    """The gradient of loops in loops: each of `outer` steps runs an inner loop of
+    `inner` steps of `v <- tanh(W v + row j - 1)` writing rows `j` of the outer
+    loop's `(rows, width)` buffer, lent to it (stamped by the outer loop's check
+    where it is at most `_cost_model.SMALL_BUFFERS` bytes)."""
+    w = jax.random.normal(jax.random.key(0), (width, width)) / 8
+
+    def inner_body(c):
+        v, buf, j = c
+        last = jnp.where(j > 0, buf[jnp.maximum(j - 1, 0)], 0.0)
+        v = jnp.tanh(w @ v + 0.5 * last)
+        return v, buf.at[j].set(v), j + 1
+
+    def outer_body(c):
+        v, buf, i = c
+        start = inner * i
+        v, buf, _ = bl.while_loop(
+            lambda c: c[2] < start + inner, inner_body, (v, buf, start), max_steps=inner
+        )
+        return v, buf, i + 1
+
+    def loss(v0):
+        init = (v0, jnp.zeros((rows, width)), jnp.array(0))
+        out = bl.while_loop(
+            lambda c: c[2] < outer,
+            outer_body,
+            init,
+            max_steps=outer,
+            checkpoints=4,
+            buffers=lambda c: c[1],
+        )
+        return jnp.sum(out[1] ** 2)
+
+    return jax.jit(jax.grad(loss)), (jnp.linspace(-1.0, 1.0, width),)
+
+
 def workloads():
     """`(label, fn, args)`."""
     for rows in BUFFER_ROWS:
@@ -64,6 +100,11 @@ def workloads():
     for width in (64, 128, 256, 512, 1024):
         fn, args, work = make_matvec(width)
         yield f"(w, w) matrix, w={width} (work {work})", fn, args
+    for rows in (64, 128, 512):
+        fn, args = make_nested(rows)
+        stamped = rows * 32 * 4 <= _cost_model.SMALL_BUFFERS
+        kb = f"{rows * 32 * 4 // 1024} kB, {'stamped' if stamped else 'not stamped'}"
+        yield f"loops in loops, a ({rows}, 32) buffer lent ({kb})", fn, args
 
 
 # every rule; the default (the reads); none
