@@ -163,7 +163,8 @@ def run_loop(
 ):
     """`while_loop`, and the machinery `scan` shares: validate, trace, run.
     `checked=False` leaves this loop's buffers unchecked at run time (the loops
-    traced in its body keep the checks in force).
+    traced in its body keep the checks in force). An outer loop's buffers in the
+    carry are buffers of this loop too (`lend_buffers`).
 
     With `stats`, returns `(final carry, LoopStats)`: the loop runs on a `Counted`
     carry (see `_stats`) that the user's functions never see. (One function of a
@@ -177,8 +178,7 @@ def run_loop(
         cond_fun, body_fun, init_val, buffers = count_steps(
             cond_fun, body_fun, init_val, buffers, name
         )
-    # an outer loop's buffers in the carry are buffers of this loop too
-    init_val, buffers, lent = lend_buffers(init_val, buffers)
+    init_val, buffers, lent = lend_buffers(init_val, buffers)  # outer loops' too
     with tracing_a_loop():  # checks traced in the body know they are in a loop
         loop = trace_loop(
             cond_fun, body_fun, init_val, buffers, name=name, gate=lent_gate(lent)
