@@ -30,8 +30,8 @@ import boundedloop as bl  # noqa: E402
 from boundedloop._sweeps import _cost_model  # noqa: E402
 
 
-def make_matvec(width, rows=256, checkpoints=16):
-    """The gradient of `width**2` work a step, writing row i and reading row i - 1."""
+def _reading_the_last_row(width):
+    """A step of `width**2` work, `v <- tanh(W v + row i - 1)`, writing row `i`."""
     w = jax.random.normal(jax.random.key(0), (width, width)) / (2 * width**0.5)
 
     def body(carry):
@@ -40,34 +40,41 @@ def make_matvec(width, rows=256, checkpoints=16):
         v = jnp.tanh(w @ v + 0.5 * last)
         return v, buf.at[i].set(v), i + 1
 
+    return body
+
+
+def _gradient(body, rows, width, steps, checkpoints):
+    """The jitted gradient of a loop of `steps` steps of `body` over a `(rows,
+    width)` buffer, and its arguments."""
+
     def loss(v0):
         out = bl.while_loop(
-            lambda c: c[2] < rows,
+            lambda c: c[2] < steps,
             body,
             (v0, jnp.zeros((rows, width)), jnp.array(0)),
-            max_steps=rows,
+            max_steps=steps,
             checkpoints=checkpoints,
             buffers=lambda c: c[1],
         )
         return jnp.sum(out[1] ** 2)
 
-    v0 = jnp.linspace(-1.0, 1.0, width)
-    steps = jax.make_jaxpr(body)((v0, jnp.zeros((rows, width)), jnp.array(1)))
-    return jax.jit(jax.grad(loss)), (v0,), _cost_model.work(steps.jaxpr)
+    return jax.jit(jax.grad(loss)), (jnp.linspace(-1.0, 1.0, width),)
+
+
+def make_matvec(width, rows=256, checkpoints=16):
+    """The gradient of `width**2` work a step, writing row i and reading row i - 1."""
+    body = _reading_the_last_row(width)
+    fn, args = _gradient(body, rows, width, rows, checkpoints)
+    steps = jax.make_jaxpr(body)((*args, jnp.zeros((rows, width)), jnp.array(1)))
+    return fn, args, _cost_model.work(steps.jaxpr)
 
 
 def make_nested(rows, width=32, outer=16, inner=4):
     """The gradient of loops in loops: each of `outer` steps runs an inner loop of
-    `inner` steps of `v <- tanh(W v + row j - 1)` writing rows `j` of the outer
-    loop's `(rows, width)` buffer, lent to it (stamped by the outer loop's check
-    where it is at most `_cost_model.SMALL_BUFFERS` bytes)."""
-    w = jax.random.normal(jax.random.key(0), (width, width)) / 8
-
-    def inner_body(c):
-        v, buf, j = c
-        last = jnp.where(j > 0, buf[jnp.maximum(j - 1, 0)], 0.0)
-        v = jnp.tanh(w @ v + 0.5 * last)
-        return v, buf.at[j].set(v), j + 1
+    `inner` steps of `_reading_the_last_row`, writing rows of the outer loop's
+    `(rows, width)` buffer, lent to it (stamped by the outer loop's check where it
+    is at most `_cost_model.SMALL_BUFFERS` bytes)."""
+    inner_body = _reading_the_last_row(width)
 
     def outer_body(c):
         v, buf, i = c
@@ -77,19 +84,7 @@ def make_nested(rows, width=32, outer=16, inner=4):
         )
         return v, buf, i + 1
 
-    def loss(v0):
-        init = (v0, jnp.zeros((rows, width)), jnp.array(0))
-        out = bl.while_loop(
-            lambda c: c[2] < outer,
-            outer_body,
-            init,
-            max_steps=outer,
-            checkpoints=4,
-            buffers=lambda c: c[1],
-        )
-        return jnp.sum(out[1] ** 2)
-
-    return jax.jit(jax.grad(loss)), (jnp.linspace(-1.0, 1.0, width),)
+    return _gradient(outer_body, rows, width, outer, checkpoints=4)
 
 
 def workloads():
