@@ -96,7 +96,7 @@ def stores_before_taping(body, backend: str | None = None) -> bool:
     On the chip each taped residual is a write in the forward sweep and a read in
     the reverse one, a kernel each at every step, where a light step costs about as
     much: diffrax's neural ODE (work 11770, 15 residual arrays of 821 bytes a step)
-    took 13.9 ms per gradient with every step taped against 8.0 ms with every
+    took 13.9 ms per gradient with every step taped against 9.3 ms with every
     step's carry stored (`docs/design-notes.md`, "How a memory budget is split")."""
     on_tpu = (backend or jax.default_backend()) == "tpu"
     return on_tpu and work(body.jaxpr) < HEAVY_WORK
