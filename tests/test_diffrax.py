@@ -441,8 +441,8 @@ def test_gradient_under_diffrax_runtime_type_checks():
 def test_stage_loops_and_save_only_loops_carry_no_buffer_check():
     """diffrax's Runge-Kutta stage loop reads its own stages as diffrax writes
     them, and the stepping loop saving only `t1` writes its saves and reads none:
-    by default neither's gradient holds a buffer check (the stage loop's cost a
-    100-step Tsit5 gradient 1.10 times)."""
+    by default neither's gradient holds a buffer check (the stage loop's check
+    cost a 100-step Tsit5 gradient 1.10 times)."""
     grad = _grad(CheckpointedAdjoint(), "t1", diffrax.Tsit5())
     jaxpr = jax.make_jaxpr(grad)(Y0, ARGS)
     assert "boundedloop_raise_if" not in str(jaxpr)
