@@ -314,20 +314,31 @@ def test_an_unchecked_loop_keeps_its_inner_loops_checked():
     jax.block_until_ready(jax.jit(jax.grad(_nested("outer", True, False)))(X0))
 
 
-def test_a_loop_that_reads_no_buffer_is_checked_only_for_the_rules():
+@pytest.mark.parametrize("nested", [False, True])
+def test_a_loop_that_reads_no_buffer_is_checked_only_for_the_rules(nested):
     """By default only reads are checked: a body that writes its buffer and never
-    reads it has nothing to check, and its gradient no check; inside
-    `bl.buffer_checks()` its writes are."""
+    reads it (itself, or through the inner loop it lends the buffer to) has
+    nothing to check, and its gradient no check; inside `bl.buffer_checks()` its
+    writes are."""
+
+    def body(c):
+        x, ys, i = c
+        x = jnp.tanh(W @ x)
+        return x, ys.at[i].set(x), i + 1
+
+    def outer_body(c):  # one inner step writing row i
+        x, ys, i = c
+        x, ys, _ = bl.while_loop(lambda d: d[2] < i + 1, body, c, max_steps=1)
+        return x, ys, i + 1
 
     def loss(x0):
-        def body(c):
-            x, ys, i = c
-            x = jnp.tanh(W @ x)
-            return x, ys.at[i].set(x), i + 1
-
         init = (x0, jnp.zeros((4, 3)), 0)
         out = bl.while_loop(
-            lambda c: c[2] < 4, body, init, max_steps=4, buffers=lambda c: c[1]
+            lambda c: c[2] < 4,
+            outer_body if nested else body,
+            init,
+            max_steps=4,
+            buffers=lambda c: c[1],
         )
         return jnp.sum(out[1] ** 2)
 
@@ -338,7 +349,7 @@ def test_a_loop_that_reads_no_buffer_is_checked_only_for_the_rules():
 
     assert checks() == 0
     with bl.buffer_checks():
-        assert checks() == 1
+        assert checks() == 1  # nested, the inner loop's: it makes the writes
 
 
 def test_nested_reads_of_rows_written_before_are_right():

@@ -438,12 +438,14 @@ def test_gradient_under_diffrax_runtime_type_checks():
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-def test_stage_loops_and_save_only_loops_carry_no_buffer_check():
+@pytest.mark.parametrize("saveat", ["t1", "ts"])
+def test_stage_loops_and_save_only_loops_carry_no_buffer_check(saveat):
     """diffrax's Runge-Kutta stage loop reads its own stages as diffrax writes
-    them, and the stepping loop saving only `t1` writes its saves and reads none:
-    by default neither's gradient holds a buffer check (the stage loop's check
-    cost a 100-step Tsit5 gradient 1.10 times)."""
-    grad = _grad(CheckpointedAdjoint(), "t1", diffrax.Tsit5())
+    them, and the stepping loop writes its saves (at `ts`, through an inner save
+    loop it lends them to) and reads none: by default neither's gradient holds a
+    buffer check (the stage loop's check cost a 100-step Tsit5 gradient 1.10
+    times)."""
+    grad = _grad(CheckpointedAdjoint(), saveat, diffrax.Tsit5())
     jaxpr = jax.make_jaxpr(grad)(Y0, ARGS)
     assert "boundedloop_raise_if" not in str(jaxpr)
 

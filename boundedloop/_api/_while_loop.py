@@ -16,6 +16,7 @@ from .._tracing._buffers import (
     check_every_step_writes,
     lend_buffers,
     lent_gate,
+    lent_reads,
     return_buffers,
 )
 from .._tracing._loop import LoopConfig
@@ -210,7 +211,7 @@ def run_loop(
         x, bufs = differentiable_loop(loop, config)
     if check == "warn":  # after the loop, outside its sweeps: once per forward pass
         x, bufs = check_stopped(loop, (x, bufs), name, max_steps, warn=True)
-    out = return_buffers(loop.finish(x, bufs), lent)
+    out = return_buffers(loop.finish(x, bufs), lent, lent_reads(loop, init_val, lent))
     if not stats:
         return out
     # the predicate on the final carry: still true only if the loop ran out of steps

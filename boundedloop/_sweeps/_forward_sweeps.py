@@ -144,7 +144,8 @@ def initial_stamps(loop: TracedLoop, config: LoopConfig) -> tuple | None:
     """The checkpointed sweep's stamps before its first step: per buffer, `-1` per
     element where it stamps the buffer, else `None`; `None` if it stamps none. It
     stamps a floating buffer lent to an inner loop (`Layout.shared`) of at most
-    `_cost_model.SMALL_BUFFERS` bytes, in a checked loop. The stamps, the last step
+    `_cost_model.SMALL_BUFFERS` bytes, in a checked loop, where the body or an
+    inner loop reads it (`Layout.lent_read`). The stamps, the last step
     that changed each element, let the reverse sweep's check find an inner loop's
     read of a location that a later step of this loop writes
     (`_buffer_checks.reverse_check`); a larger buffer would be copied every step to
@@ -154,6 +155,7 @@ def initial_stamps(loop: TracedLoop, config: LoopConfig) -> tuple | None:
     stamps = tuple(
         jnp.full(b.shape, -1, jnp.int32)
         if leaf in loop.layout.shared
+        and (leaf in loop.layout.lent_read or leaf in loop.layout.read_leaves)
         and is_inexact(b)
         and b.size * b.dtype.itemsize <= _cost_model.SMALL_BUFFERS
         else None

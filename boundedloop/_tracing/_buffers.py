@@ -28,6 +28,7 @@ from .._runtime._jax_private import (
     pytype_aval_mappings,
     register_canonicalize_value_handler,
 )
+from ._carry_checks import is_carried
 from ._indexing import get, Index, make_index, overlay, put, SUPPORTED
 
 
@@ -103,6 +104,8 @@ class StepTrace:
         # buffers this step hands to an inner loop: differentiated as whole arrays
         # (see `hand_back`), so their reads and writes here are plain
         self.shared = set(shared)
+        # of those, the ones an inner loop reads (or may read: see `hand_back`)
+        self.lent_read: set[int] = set()
         # the trace `body_fun` runs in: buffers are written only there (see `_here`)
         self.trace_state = jax.extend.core.get_opaque_trace_state()
         # (leaf, index, shape/dtype of the value read), per read in order
@@ -217,11 +220,14 @@ class StepTrace:
         live = jnp.logical_and(pred, self.active)
         self.history[leaf].append(put(array, index, value, live))
 
-    def hand_back(self, leaf: int, version: int, array):
-        """`array` is buffer `leaf` after an inner loop wrote into it."""
+    def hand_back(self, leaf: int, version: int, array, read: bool = True):
+        """`array` is buffer `leaf` after an inner loop wrote into it; `read`:
+        whether that loop (or one inside it) reads it."""
         self._here(leaf, "handed to an inner loop")
         self._newest(leaf, version, "handed to an inner loop")
         self.shared.add(leaf)
+        if read:
+            self.lent_read.add(leaf)
         self._site("hand", leaf, version, make_index(..., array.shape))
         self.history[leaf].append(array)
 
@@ -562,9 +568,23 @@ def lent_gate(lent):
     return functools.reduce(jnp.logical_and, gates) if gates else None
 
 
-def return_buffers(out, lent):
+def lent_reads(loop, init_val, lent) -> frozenset:
+    """The paths of the lent buffers (`lend_buffers`'s `lent`) that the inner loop
+    (a `TracedLoop`, traced from `init_val`) reads: in its body, or through a loop
+    inside it."""
+    layout = loop.layout
+    dynamic = eqx.filter(init_val, is_carried)
+    paths = [path for path, _ in jtu.tree_flatten_with_path(dynamic)[0]]
+    read = {*layout.read_leaves, *layout.lent_read}
+    return frozenset(
+        path for path, _ in lent if layout.buffer_pos.index(paths.index(path)) in read
+    )
+
+
+def return_buffers(out, lent, read=None):
     """The inner loop's final carry, with the outer buffers it was lent handed back
-    to the outer loop's step (and the `Buffer` objects in their places)."""
+    to the outer loop's step (and the `Buffer` objects in their places). `read`:
+    the paths of those the inner loop reads (`lent_reads`); `None`: all of them."""
     if not lent:
         return out
     by_path = dict(lent)
@@ -574,7 +594,7 @@ def return_buffers(out, lent):
         if buffer is None:
             return v
         trace, leaf = buffer._trace, buffer._leaf
-        trace.hand_back(leaf, buffer._version, v)
+        trace.hand_back(leaf, buffer._version, v, read is None or path in read)
         return Buffer(trace, leaf, trace.latest(leaf))
 
     return jtu.tree_map_with_path(give_back, out)

@@ -74,8 +74,9 @@ class Layout(eqx.Module):
     read_leaves: tuple[int, ...] = eqx.field(static=True)  # buffer read, per read
     write_leaves: tuple[int, ...] = eqx.field(static=True)  # buffer written, per write
     weak_out: tuple[bool, ...] = eqx.field(static=True, default=())  # per leaf
-    # buffers the body hands to an inner loop
+    # buffers the body hands to an inner loop, and those of them an inner loop reads
     shared: frozenset[int] = eqx.field(static=True, default=frozenset())
+    lent_read: frozenset[int] = eqx.field(static=True, default=frozenset())
     # the body's reads, writes and hand-overs of buffers, in order (`_buffers.Site`)
     sites: tuple = eqx.field(static=True, default=())
 

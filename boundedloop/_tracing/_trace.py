@@ -150,6 +150,7 @@ def trace_loop(
         write_leaves=tuple(w.leaf for w in trace.writes),
         weak_out=tuple(is_weak(o) for o in _out_avals(out, like)),
         shared=frozenset(trace.shared),
+        lent_read=frozenset(trace.lent_read),
         sites=tuple(trace.sites),
     )
     true = jnp.array(True)
