@@ -102,16 +102,20 @@ def compile_parts(fn, *args):
     return t1 - t0, time.perf_counter() - t1, compiled
 
 
-def cold_compile_parts(fn, *args):
-    """`compile_parts`' two times, after forgetting JAX's traces and compiles
-    (diffrax's jitted `diffeqsolve` too) and boundedloop's caches: what a fresh
-    process's compile would cost."""
+def forget_compiles():
+    """Forgets JAX's traces and compiles (diffrax's jitted `diffeqsolve` too) and
+    boundedloop's caches, so that the next compile costs what a fresh process's would."""
     for module in [m for n, m in sys.modules.items() if n.startswith("boundedloop")]:
         for name in dir(module):
             cached = getattr(module, name)
             if callable(getattr(cached, "cache_clear", None)):
                 cached.cache_clear()
     jax.clear_caches()
+
+
+def cold_compile_parts(fn, *args):
+    """`compile_parts`' two times after `forget_compiles()`."""
+    forget_compiles()
     return compile_parts(fn, *args)[:2]
 
 

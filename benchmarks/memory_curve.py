@@ -5,7 +5,8 @@ checkpointed loop; compiled, then timed interleaved (medians). `--small` (B=64,
 D=256) runs anywhere; `--cheap` is the CPU's small body (width 32, n=1000 of 4000),
 with budgets of `ckscan40`'s temp memory and of every step taped.
 
-    python benchmarks/memory_curve.py [--small] [--long] [--out FILE]
+    python benchmarks/memory_curve.py [--small] [--long] [--rounds R] [--out FILE]
+    python benchmarks/memory_curve.py --compile-pairs 20 [--out FILE]
     python benchmarks/memory_curve.py --cheap [--out FILE]
 
 Results: the chip's `benchmarks/results/memory_curve_tpu_cee3d76.json`, the CPU's
@@ -13,11 +14,19 @@ Results: the chip's `benchmarks/results/memory_curve_tpu_cee3d76.json`, the CPU'
 """
 
 import argparse
+import random
+import statistics
 import time
 
 import jax
 import jax.numpy as jnp
-from _common import interleaved_medians, temp_bytes, write_json
+from _common import (
+    forget_compiles,
+    interleaved,
+    interleaved_medians,
+    temp_bytes,
+    write_json,
+)
 from _format import load, nbytes, page, seconds, table
 from headline import headline_step, loss_fn, workload
 
@@ -57,6 +66,38 @@ def case(rows, n, max_steps, variants, rounds, W, x, f=headline_step, shuffle=Fa
         print(rows[-1], flush=True)
 
 
+def compile_pairs(n, max_steps, variants, rounds, W, x):
+    """Each variant's trace, lower and XLA compile from cleared caches, wall and
+    process seconds, in `rounds` shuffled rounds; per variant the medians, and the
+    median over rounds of its time over equinox's in the same round."""
+
+    def cold(kind, kw):
+        def timed_compile():
+            forget_compiles()
+            wall, cpu = time.perf_counter(), time.process_time()
+            make(kind, n, max_steps, **kw).lower(W, x, n).compile()
+            return time.perf_counter() - wall, time.process_time() - cpu
+
+        return timed_compile
+
+    calls = {label: cold(kind, kw) for label, kind, kw in variants}
+    for call in calls.values():  # warm-up: imports, first traces
+        call()
+    samples = interleaved(calls, rounds, rng=random.Random(1))
+    equinox = next(label for label, kind, _ in variants if kind == "equinox")
+    rows = []
+    for label, got in samples.items():
+        row = dict(n=n, max_steps=max_steps, variant=label, rounds=rounds)
+        for j, clock in enumerate(["wall", "process"]):
+            row[f"{clock}_s"] = statistics.median(t[j] for t in got)
+            row[f"{clock}_over_equinox"] = statistics.median(
+                t[j] / e[j] for t, e in zip(got, samples[equinox])
+            )
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
 RESULTS = {"tpu": "memory_curve_tpu_cee3d76.json", "cpu": "memory_curve_cpu_cheap.json"}
 
 
@@ -86,6 +127,13 @@ def main():
     parser.add_argument("--out", default=None)
     parser.add_argument("--long", action="store_true", help="also n=2048 of 4096")
     parser.add_argument("--cheap", action="store_true", help="the CPU's small body")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds, n=256")
+    parser.add_argument(
+        "--compile-pairs",
+        type=int,
+        default=0,
+        help="instead of timing: this many shuffled rounds of cold compiles, n=256",
+    )
     args = parser.parse_args()
     if args.cheap:
         return cheap(args.out)
@@ -97,7 +145,15 @@ def main():
     short += [("checkpoints=16", ours, c16), ("eqx checkpoints=16", "equinox", c16)]
     for gb in [0.5, 1.3, 2.7, 5.4]:
         short.append((f"memory={gb} GB", ours, dict(memory=int(gb * 1e9 * scale))))
-    case(rows, 256, 1024, short, 5, W, x)
+    if args.compile_pairs:
+        ours_and_equinox = [v for v in short if v[1] in (ours, "equinox")]
+        rows = compile_pairs(256, 1024, ours_and_equinox, args.compile_pairs, W, x)
+        if args.out:
+            write_json(
+                args.out, dict(B=B, D=D, device=str(jax.devices()[0]), rows=rows)
+            )
+        return
+    case(rows, 256, 1024, short, args.rounds, W, x, shuffle=True)
     if args.long:
         long = [("ckscan32", "ckscan32", {}), ("checkpoints=16", ours, c16)]
         long += [("memory=1.3 GB", ours, dict(memory=int(1.3e9 * scale)))]
