@@ -2,15 +2,18 @@
 part stopped: for hosts that hold a machine for a few minutes at a time (an
 accelerator lent by the call) and a suite that takes longer there.
 
-    python tests/run_in_parts.py --seconds 540 --state suite.json [pytest arguments]
+    python tests/run_in_parts.py --seconds 480 --state suite.json [pytest arguments]
 
 from the project's root, where pytest finds its configuration. The first call
 collects the tests (with the pytest arguments given, e.g. files or `-m`) into
 `--state`; each call then runs the tests not yet run, by name, in one process
 (`-n 0`: one process at a time can hold a TPU), with `-v`, and interrupts pytest
 (as Ctrl-C does) when `--seconds` have passed, or once it has collected the tests
-if it has not yet, and again every few seconds until it stops. The outcome of each
-test that finished is kept in the state file, and the next call goes on from there.
+if it has not yet, and again every few seconds until it stops; it kills pytest when
+`--grace` seconds (default 60) of interrupts have not stopped it (a test blocked in
+a compiler or waiting on a device may never see them). Each part's pytest gets the
+options given (not the paths, which were collected) and an empty stdin. The outcome
+of each test that finished is kept in the state file, and the next call goes on from there.
 A test cut off mid-run is run again from its start. A test during which the process
 dies (an abort in a compiler, say) is recorded as CRASHED, and the next part goes on
 after it. Each call prints the counts so far, the slowest tests and the failures'
@@ -49,15 +52,24 @@ def collect(pytest_args: list[str]) -> list[str]:
     return ids
 
 
-def run_part(ids: list[str], seconds: float, took: dict | None = None) -> dict:
-    """Runs `ids` until they end or `seconds` pass; the outcome of each that ended,
-    and CRASHED for the one running when the process died, if it did. Where `took`
-    is given, it gets the seconds each test that ended took (from the end of the
-    one before, or from collection)."""
+def run_part(
+    ids: list[str],
+    seconds: float,
+    took: dict | None = None,
+    options: list[str] = (),
+    grace: float = 60,
+) -> dict:
+    """Runs `ids` (with pytest's `options`) until they end or `seconds` pass; the
+    outcome of each that ended, and CRASHED for the one running when the process
+    died, if it did. A pytest that `grace` seconds of interrupts do not stop is
+    killed, and the test it ran is run again next part. Where `took` is given, it
+    gets the seconds each test that ended took (from the end of the one before, or
+    from collection)."""
     took = {} if took is None else took
     command = [sys.executable, "-m", "pytest", "-n", "0", "-p", "no:cacheprovider"]
     process = subprocess.Popen(
-        [*command, "-v", "--tb=short", *ids],
+        [*command, "-v", "--tb=short", *options, *ids],
+        stdin=subprocess.DEVNULL,  # a test that waits for input gets none, at once
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -89,7 +101,7 @@ def run_part(ids: list[str], seconds: float, took: dict | None = None) -> dict:
     try:
         process.wait(timeout=seconds)
     except subprocess.TimeoutExpired:
-        _interrupt(process, collected)
+        _interrupt(process, collected, time.perf_counter() + grace)
         interrupted = True
     reader.join()
     # after our interrupt the test running was cut, not crashed, however the process
@@ -100,13 +112,20 @@ def run_part(ids: list[str], seconds: float, took: dict | None = None) -> dict:
     return outcomes
 
 
-def _interrupt(process, collected: threading.Event) -> None:
+def _interrupt(process, collected: threading.Event, kill_at: float) -> None:
     """Stops pytest as Ctrl-C does, once it has collected the tests (an interrupt
     while plugins import may be swallowed by one, or end the part before any test
-    ran), and again every few seconds until it stops."""
+    ran), and again every few seconds until it stops; kills it at `kill_at` (a test
+    blocked in a compiler or a device wait may never see an interrupt)."""
     while not collected.wait(timeout=0.5) and process.poll() is None:
-        pass
+        if time.perf_counter() > kill_at:
+            break
     while process.poll() is None:
+        if time.perf_counter() > kill_at:
+            print("\nrun in parts: pytest ignored interrupts; killed", flush=True)
+            process.kill()
+            process.wait()
+            return
         process.send_signal(signal.SIGINT)  # pytest reports, then stops
         try:
             process.wait(timeout=5)
@@ -114,11 +133,26 @@ def _interrupt(process, collected: threading.Event) -> None:
             pass
 
 
+def _selects(arg: str) -> bool:
+    """Whether a pytest argument names tests: a path that exists, or a node id in
+    one (not a value such as `-W`'s `ignore::UserWarning`)."""
+    return not arg.startswith("-") and pathlib.Path(arg.split("::")[0]).exists()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--state", required=True)
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=60,
+        help="seconds of interrupts after --seconds before the part's pytest is killed",
+    )
     args, pytest_args = parser.parse_known_args()
+    # what selects tests (paths, node ids) is collected once; the rest (-W, -m's
+    # value...) goes to each part's pytest as well
+    options = [a for a in pytest_args if not _selects(a)]
     # a parent may ignore Ctrl-C (a pytest-xdist worker does), and an ignored SIGINT
     # is inherited: pytest would never see the interrupt. A handled one is not.
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -131,7 +165,8 @@ def main():
     pending = [t for t in state["tests"] if t not in state["outcomes"]]
     if pending:
         took = state.setdefault("seconds", {})
-        state["outcomes"].update(run_part(pending, args.seconds, took))
+        outcomes = run_part(pending, args.seconds, took, options, args.grace)
+        state["outcomes"].update(outcomes)
         state_path.write_text(json.dumps(state, indent=1))
     outcomes = state["outcomes"]
     left = [t for t in state["tests"] if t not in outcomes]

@@ -138,3 +138,36 @@ def test_a_test_that_kills_the_process_is_recorded_and_passed_over(tmp_path):
     outcomes = json.loads((tmp_path / "state.json").read_text())["outcomes"]
     assert outcomes["test_tiny.py::test_after"] == "PASSED"
     assert second.stdout.splitlines()[-1] == "CRASHED test_tiny.py::test_aborts"
+
+
+DEAF = """
+import signal, time
+
+def test_passes():
+    pass
+
+def test_deaf():  # as a test blocked in a compiler or a device wait: no interrupt
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    time.sleep(60)
+
+def test_after():
+    pass
+"""
+
+
+def test_a_pytest_that_ignores_interrupts_is_killed_after_the_grace(tmp_path):
+    """On a TPU a part's pytest took no interrupt for minutes, the device's limit
+    killed the runner, and the part's outcomes were lost."""
+    (tmp_path / "test_tiny.py").write_text(DEAF)
+    runner = [sys.executable, str(RUNNER), "--seconds", "4", "--grace", "3"]
+    runner += ["--state", "state.json", "test_tiny.py", "-W", "ignore::UserWarning"]
+    part = subprocess.run(
+        runner, capture_output=True, cwd=tmp_path, text=True, timeout=40
+    )
+    assert part.returncode == 2, part.stdout[-2000:]  # tests left
+    assert "killed" in part.stdout
+    assert "-W ignore::UserWarning" not in part.stdout  # no stray selection
+    outcomes = json.loads((tmp_path / "state.json").read_text())["outcomes"]
+    assert outcomes == {
+        "test_tiny.py::test_passes": "PASSED"
+    }  # the deaf one runs again
