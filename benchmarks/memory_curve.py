@@ -9,7 +9,7 @@ with budgets of `ckscan40`'s temp memory and of every step taped.
     python benchmarks/memory_curve.py --compile-pairs 20 [--out FILE]
     python benchmarks/memory_curve.py --cheap [--out FILE]
 
-Results: the chip's `benchmarks/results/memory_curve_tpu_cee3d76.json`, the CPU's
+Results: the chip's `benchmarks/results/memory_curve_tpu_69b4ed9.json`, the CPU's
 `memory_curve_cpu_cheap.json`.
 """
 
@@ -98,7 +98,8 @@ def compile_pairs(n, max_steps, variants, rounds, W, x):
     return rows
 
 
-RESULTS = {"tpu": "memory_curve_tpu_cee3d76.json", "cpu": "memory_curve_cpu_cheap.json"}
+RESULTS = {"tpu": "memory_curve_tpu_69b4ed9.json", "cpu": "memory_curve_cpu_cheap.json"}
+COMPILES = "memory_curve_compile_tpu_69b4ed9.json"
 
 
 def memory_curve_table(which: str) -> str:
@@ -111,7 +112,7 @@ def memory_curve_table(which: str) -> str:
         scan = next((r["grad_s"] for r in here if r["variant"] == "scan"), None)
         body = [
             [f"`{r['variant']}`", seconds(r["grad_s"])]
-            + ["-" if scan is None else f"{r['grad_s'] / scan:.2f}"]
+            + ["-" if scan is None else f"{r['grad_s'] / scan:.3f}"]
             + [nbytes(r["temp_bytes"]), seconds(r["compile_s"])]
             for r in here
         ]
@@ -119,6 +120,19 @@ def memory_curve_table(which: str) -> str:
         header += ["temp memory", "compile"]
         lines.append(table(header, body))
     return page(*lines)
+
+
+def compile_pairs_table() -> str:
+    """Per variant, its cold compile's median wall and process seconds, and the
+    medians of its times over equinox's in the same round (`compile_pairs`)."""
+    rows = load(COMPILES)["rows"]
+    body = [
+        [f"`{r['variant']}`", seconds(r["wall_s"]), f"{r['wall_over_equinox']:.2f}"]
+        + [seconds(r["process_s"]), f"{r['process_over_equinox']:.2f}"]
+        for r in rows
+    ]
+    header = ["n=256 of 1024", "compile, wall", "x equinox's", "process time"]
+    return page(table(header + ["x equinox's"], body))
 
 
 def main():

@@ -54,6 +54,7 @@ GENERATORS = {
     "tpu_fuzz": made_by("correct_on_tpu", "tpu_fuzz_table"),
     "headline_tpu": made_by("headline", "headline_table"),
     "memory_curve_tpu": made_by("memory_curve", "memory_curve_table", "tpu"),
+    "memory_curve_compile_tpu": made_by("memory_curve", "compile_pairs_table"),
     "memory_curve_cpu": made_by("memory_curve", "memory_curve_table", "cpu"),
     "diffrax_neural_tpu": made_by("diffrax_adjoint", "diffrax_table", "neural_tpu"),
 }
