@@ -6,7 +6,7 @@ D=256) runs anywhere; `--cheap` is the CPU's small body (width 32, n=1000 of 400
 with budgets of `ckscan40`'s temp memory and of every step taped.
 
     python benchmarks/memory_curve.py [--small] [--long] [--rounds R] [--out FILE]
-    python benchmarks/memory_curve.py --compile-pairs 20 [--out FILE]
+    python benchmarks/memory_curve.py --compile-pairs 20 [--only LABEL...] [--out FILE]
     python benchmarks/memory_curve.py --cheap [--out FILE]
 
 Results: the chip's `benchmarks/results/memory_curve_tpu_69b4ed9.json`, the CPU's
@@ -148,6 +148,9 @@ def main():
         default=0,
         help="instead of timing: this many shuffled rounds of cold compiles, n=256",
     )
+    parser.add_argument(
+        "--only", nargs="+", default=None, help="these variants (labels) only"
+    )
     args = parser.parse_args()
     if args.cheap:
         return cheap(args.out)
@@ -159,6 +162,8 @@ def main():
     short += [("checkpoints=16", ours, c16), ("eqx checkpoints=16", "equinox", c16)]
     for gb in [0.5, 1.3, 2.7, 5.4]:
         short.append((f"memory={gb} GB", ours, dict(memory=int(gb * 1e9 * scale))))
+    if args.only:
+        short = [v for v in short if v[0] in args.only]
     if args.compile_pairs:
         ours_and_equinox = [v for v in short if v[1] in (ours, "equinox")]
         rows = compile_pairs(256, 1024, ours_and_equinox, args.compile_pairs, W, x)
