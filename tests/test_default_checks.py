@@ -22,7 +22,7 @@ from hypothesis import example, given, Phase, settings, strategies as st
 
 import boundedloop as bl
 from boundedloop._api._equinox_signature import equinox_style_while_loop
-from boundedloop._sweeps import _buffer_checks
+from boundedloop._sweeps import _buffer_checks, _cost_model
 
 from .helpers import on_host, tree_allclose
 
@@ -300,6 +300,18 @@ def test_nested_reads_ahead_are_loud(reads):
         jax.block_until_ready(jax.jit(jax.grad(_nested(reads, True)))(X0))
     if reads == "outer":
         assert "only later: at step 1." in str(e.value)
+
+
+def test_a_large_lent_buffer_is_stamped_inside_buffer_checks(monkeypatch):
+    """By default a lent buffer larger than `SMALL_BUFFERS` is not stamped (it
+    would be copied every outer step), so an inner loop's read of what a later
+    outer step writes goes unchecked there; inside `bl.buffer_checks()` it is
+    stamped whatever its size, and the read raises (before, it passed there too)."""
+    monkeypatch.setattr(_cost_model, "SMALL_BUFFERS", 0)  # every buffer is large
+    jax.block_until_ready(jax.jit(jax.grad(_nested("outer", True)))(X0))
+    with bl.buffer_checks(), pytest.raises(Exception, match=LATER) as e:
+        jax.block_until_ready(jax.jit(jax.grad(_nested("outer", True)))(X0))
+    assert "only later: at step 1." in str(e.value)
 
 
 @pytest.mark.skipif(

@@ -73,7 +73,8 @@ def make_nested(rows, width=32, outer=16, inner=4):
     """The gradient of loops in loops: each of `outer` steps runs an inner loop of
     `inner` steps of `_reading_the_last_row`, writing rows of the outer loop's
     `(rows, width)` buffer, lent to it (stamped by the outer loop's check where it
-    is at most `_cost_model.SMALL_BUFFERS` bytes)."""
+    is at most `_cost_model.SMALL_BUFFERS` bytes, and inside `bl.buffer_checks()`
+    whatever its size)."""
     inner_body = _reading_the_last_row(width)
 
     def outer_body(c):
@@ -98,7 +99,8 @@ def workloads():
     for rows in (64, 128, 512):
         fn, args = make_nested(rows)
         stamped = rows * 32 * 4 <= _cost_model.SMALL_BUFFERS
-        kb = f"{rows * 32 * 4 // 1024} kB, {'stamped' if stamped else 'not stamped'}"
+        how = "stamped" if stamped else "stamped for every rule only"
+        kb = f"{rows * 32 * 4 // 1024} kB, {how}"
         yield f"loops in loops, a ({rows}, 32) buffer lent ({kb})", fn, args
 
 

@@ -143,13 +143,13 @@ def _initial_stores(
 def initial_stamps(loop: TracedLoop, config: LoopConfig) -> tuple | None:
     """The checkpointed sweep's stamps before its first step: per buffer, `-1` per
     element where it stamps the buffer, else `None`; `None` if it stamps none. It
-    stamps a floating buffer lent to an inner loop (`Layout.shared`) of at most
-    `_cost_model.SMALL_BUFFERS` bytes, in a checked loop, where the body or an
-    inner loop reads it (`Layout.lent_read`). The stamps, the last step
-    that changed each element, let the reverse sweep's check find an inner loop's
-    read of a location that a later step of this loop writes
-    (`_buffer_checks.reverse_check`); a larger buffer would be copied every step to
-    compare."""
+    stamps a floating buffer lent to an inner loop (`Layout.shared`), in a checked
+    loop, where the body or an inner loop reads it (`Layout.lent_read`): by
+    default one of at most `_cost_model.SMALL_BUFFERS` bytes (a larger one would be
+    copied every step to compare), inside `bl.buffer_checks()` any. The stamps, the
+    last step that changed each element, let the reverse sweep's check find an
+    inner loop's read of a location that a later step of this loop writes
+    (`_buffer_checks.reverse_check`)."""
     if config.buffer_check is None:
         return None
     stamps = tuple(
@@ -157,7 +157,10 @@ def initial_stamps(loop: TracedLoop, config: LoopConfig) -> tuple | None:
         if leaf in loop.layout.shared
         and (leaf in loop.layout.lent_read or leaf in loop.layout.read_leaves)
         and is_inexact(b)
-        and b.size * b.dtype.itemsize <= _cost_model.SMALL_BUFFERS
+        and (
+            config.buffer_rules
+            or b.size * b.dtype.itemsize <= _cost_model.SMALL_BUFFERS
+        )
         else None
         for leaf, b in enumerate(loop.bufs)
     )
