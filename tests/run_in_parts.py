@@ -12,14 +12,14 @@ collects the tests (with the pytest arguments given, e.g. files or `-m`) into
 if it has not yet, and again every few seconds until it stops; it kills pytest when
 `--grace` seconds (default 60) of interrupts have not stopped it (a test blocked in
 a compiler or waiting on a device may never see them). Each part's pytest gets the
-options given (not the paths, which were collected) and an empty stdin. The outcome
-of each test that finished is kept in the state file, and the next call goes on from there.
-A test cut off mid-run is run again from its start. A test during which the process
-dies (an abort in a compiler, say) is recorded as CRASHED, and the next part goes on
-after it. Each call prints the counts so far, the slowest tests and the failures'
-names; the state keeps each test's seconds. Exits 0 when every test has run and none
-failed, 1 when one failed (the outcome line says which), 2 when tests are left to
-run.
+options given (not the paths, which were collected) and an empty stdin. The
+outcome of each test that finished is kept in the state file, and the next call
+goes on from there. A test cut off mid-run is run again from its start. A test
+during which the process dies (an abort in a compiler, say) is recorded as CRASHED,
+and the next part goes on after it. Each call prints the counts so far, the slowest
+tests and the failures' names; the state keeps each test's seconds. Exits 0 when
+every test has run and none failed, 1 when one failed (the outcome line says
+which), 2 when tests are left to run.
 """
 
 import argparse
@@ -56,7 +56,7 @@ def run_part(
     ids: list[str],
     seconds: float,
     took: dict | None = None,
-    options: list[str] = (),
+    options: tuple[str, ...] | list[str] = (),
     grace: float = 60,
 ) -> dict:
     """Runs `ids` (with pytest's `options`) until they end or `seconds` pass; the
