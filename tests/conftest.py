@@ -1,19 +1,5 @@
-import importlib.util
-import os
-
-
-# The suite compiles many small programs on XLA's CPU backend: with LLVM's
-# optimizations off they compile faster (20 gradients of `test_while_loop.py`: 27
-# s against 33) and compute the same values, as no test times anything. XLA's
-# program-level passes, which the structural tests read, run as before. Not where
-# a TPU's runtime is installed, nor where XLA_FLAGS already sets the level.
-if importlib.util.find_spec("libtpu") is None:
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_backend_optimization_level" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_backend_optimization_level=0".strip()
-
-import jax  # noqa: E402 (after XLA_FLAGS)
-import pytest  # noqa: E402
+import jax
+import pytest
 
 
 jax.config.update("jax_numpy_dtype_promotion", "strict")
