@@ -149,6 +149,12 @@ def main():
         default=60,
         help="seconds of interrupts after --seconds before the part's pytest is killed",
     )
+    parser.add_argument(
+        "--pause",
+        type=float,
+        default=5,
+        help="seconds between collecting the tests and the first part",
+    )
     args, pytest_args = parser.parse_known_args()
     # what selects tests (paths, node ids) is collected once; the rest (-W, -m's
     # value...) goes to each part's pytest as well
@@ -161,7 +167,7 @@ def main():
         state = json.loads(state_path.read_text())
     else:
         state = {"tests": collect(pytest_args), "outcomes": {}}
-        time.sleep(5)  # a TPU may refuse a process that starts just as one ends
+        time.sleep(args.pause)  # a TPU may refuse a process started as one ends
     pending = [t for t in state["tests"] if t not in state["outcomes"]]
     if pending:
         took = state.setdefault("seconds", {})

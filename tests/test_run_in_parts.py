@@ -32,7 +32,7 @@ def _part(tmp_path, seconds):
     """One part, run as from a process that ignores Ctrl-C, as a pytest-xdist
     worker may: an ignored SIGINT is inherited, and under CI's full suite the
     runner's pytest once ignored every interrupt (the held test ran its 60 s)."""
-    runner = [sys.executable, str(RUNNER), "--seconds", str(seconds)]
+    runner = [sys.executable, str(RUNNER), "--seconds", str(seconds), "--pause", "0"]
     runner += ["--state", "state.json", "test_tiny.py"]
     return subprocess.run(
         ["sh", "-c", "trap '' INT; exec \"$@\"", "sh", *runner],  # SIGINT ignored
@@ -160,6 +160,7 @@ def test_a_pytest_that_ignores_interrupts_is_killed_after_the_grace(tmp_path):
     killed the runner, and the part's outcomes were lost."""
     (tmp_path / "test_tiny.py").write_text(DEAF)
     runner = [sys.executable, str(RUNNER), "--seconds", "4", "--grace", "3"]
+    runner += ["--pause", "0"]
     runner += ["--state", "state.json", "test_tiny.py", "-W", "ignore::UserWarning"]
     part = subprocess.run(
         runner, capture_output=True, cwd=tmp_path, text=True, timeout=40
