@@ -92,8 +92,22 @@ def reference(name, x):
 X = jnp.array([0.3, -0.5, 0.9, 0.2])
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-@pytest.mark.parametrize("checkpoints", [1, 2, 6])
+# every index form at 2 checkpoints; at 1 and 6, three of them (`-m slow`: all)
+QUICK_FORMS = {"ellipsis", "negative_step", "whole"}
+
+
+@pytest.mark.parametrize(
+    "name, checkpoints",
+    [
+        pytest.param(
+            name,
+            checkpoints,
+            marks=() if checkpoints == 2 or name in QUICK_FORMS else pytest.mark.slow,
+        )
+        for checkpoints in [1, 2, 6]
+        for name in sorted(CASES)
+    ],
+)
 def test_values_and_gradients_match_scan(name, checkpoints):
     expected = on_host(jax.value_and_grad(functools.partial(reference, name)))(X)
     got = jax.jit(jax.value_and_grad(ours(name, checkpoints)))(X)

@@ -119,15 +119,24 @@ TRANSFORMS = {
 }
 
 
-# a budget changes only what reverse mode keeps: its forward-mode rows run with `-m slow`
+# a budget changes only what reverse mode keeps: its forward-mode rows run with `-m slow`;
+# `jacrev` and `hessian`, compositions of what `grad` and `jvp` run at every
+# setting, run by default at one count and one budget
 REVERSE = {"jacrev", "grad", "hessian"}
+COMPOSED = {"jacrev", "hessian"}
+
+
+def _slow_row(transform: str, setting: str) -> bool:
+    if "memory" in SETTINGS[setting] and transform not in REVERSE:
+        return True
+    return transform in COMPOSED and setting not in ("2", "300B")
+
+
 ROW_GRID = [
     pytest.param(
         transform,
         setting,
-        marks=pytest.mark.slow
-        if "memory" in SETTINGS[setting] and transform not in REVERSE
-        else (),
+        marks=pytest.mark.slow if _slow_row(transform, setting) else (),
     )
     for transform in TRANSFORMS
     for setting in SETTINGS

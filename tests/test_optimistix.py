@@ -99,7 +99,19 @@ def _grad(name, adjoint, **kwargs):
     return jax.jit(jax.grad(functools.partial(_loss, name, adjoint, **kwargs)))
 
 
-@pytest.mark.parametrize("name", list(CASES))
+# each kind of problem by default, a second minimiser and least-squares solver too;
+# the rest with `-m slow`
+QUICK_SOLVERS = {"bfgs", "gradient_descent", "levenberg_marquardt", "newton"}
+QUICK_SOLVERS |= {"bisection", "fixed_point"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=() if n in QUICK_SOLVERS else pytest.mark.slow)
+        for n in CASES
+    ],
+)
 def test_gradient_and_forward_mode_match_recursive_checkpoint_adjoint(name):
     ours = _grad(name, OURS)(A)
     theirs = on_host(_grad(name, RCA))(A)

@@ -100,8 +100,24 @@ def test_forward_matches_lax_under_jit():
     assert equal_to_host(f(X0), expected)
 
 
-@pytest.mark.parametrize("checkpoints", [1, 2, 3, 8, None])
-@pytest.mark.parametrize("max_steps", [3, 8, 13, 30])
+# by default, per `max_steps`, counts below, at and above it, and the default;
+# each case crosses trip counts 0 to 20 with them (`-m slow`: the whole grid)
+QUICK_GRID = {(3, 1), (3, 8), (3, None), (8, 2), (8, 8), (13, 3), (13, None)}
+QUICK_GRID |= {(30, 1), (30, 2), (30, 8)}
+
+
+@pytest.mark.parametrize(
+    "checkpoints, max_steps",
+    [
+        pytest.param(
+            checkpoints,
+            max_steps,
+            marks=() if (max_steps, checkpoints) in QUICK_GRID else pytest.mark.slow,
+        )
+        for max_steps in [3, 8, 13, 30]
+        for checkpoints in [1, 2, 3, 8, None]
+    ],
+)
 def test_gradient_matches_scan(checkpoints, max_steps):
     f = grad_fn(max_steps, checkpoints)
     for limit in [0, 1, 2, 3, 5, 8, 9, 13, 20]:
