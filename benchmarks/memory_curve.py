@@ -160,6 +160,7 @@ def main():
     rows, ours, c16 = [], "boundedloop", dict(checkpoints=16)
     short = [("scan", "scan", {}), ("ckscan16", "ckscan16", {})]
     short += [("checkpoints=16", ours, c16), ("eqx checkpoints=16", "equinox", c16)]
+    short += [("default", ours, {})]  # neither `checkpoints` nor `memory` given
     for gb in [0.5, 1.3, 2.7, 5.4]:
         short.append((f"memory={gb} GB", ours, dict(memory=int(gb * 1e9 * scale))))
     if args.only:
