@@ -40,8 +40,8 @@ def split_rule(slots: int, max_steps: int | None, in_order: bool = False) -> Cal
     - `in_order` (see `_cost_model.runs_in_order`; segments up to
       `_cost_model.IN_ORDER_STEPS` long): by a loop over the repetition number,
       which keeps no array (a table is one large array);
-    - where `_cost_model.lists_splits` (a bounded loop, on a CPU): read from a table
-      of every split, listed while tracing (one lookup, where computing the split
+    - where `_cost_model.lists_splits` (a bounded loop whose table is small enough
+      for the backend): read from a table of every split, listed while tracing (one lookup, where computing the split
       takes several kernels for XLA to compile);
     - otherwise: computed from a table of binomial coefficients.
     """
