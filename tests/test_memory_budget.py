@@ -32,8 +32,8 @@ def _costly_steps(monkeypatch, request):
 
 
 D, MAX_STEPS = 6, 24
-# `checkpoints=None`'s count at `MAX_STEPS`: what a budget keeps beside a tape
-DEFAULT = 9
+# a count of checkpoints that a budget keeps beside a tape of 7 rows
+SLOTS_BESIDE_TAPE = 9
 W0 = jnp.asarray(np.random.default_rng(0).normal(size=(D, D)) / 2, jnp.float32)
 X0 = jnp.linspace(0.1, 1.0, D, dtype=jnp.float32)
 # one copy of the carry `(x, i)`, and one tape row (`bl.memory_plan` below)
@@ -90,7 +90,7 @@ ROW = _plan(10**6).tape_step_bytes
 BUDGETS = [
     CARRY,  # one copy, nothing taped
     3 * CARRY,
-    DEFAULT * CARRY + 7 * ROW + CARRY - 1,  # short of every step: blocks
+    SLOTS_BESIDE_TAPE * CARRY + 7 * ROW + CARRY - 1,  # short of every step: blocks
     4 * CARRY + 4 * ROW,  # blocks of 2 steps, few checkpoints
     CARRY + MAX_STEPS * ROW,  # every step taped: a stored scan
     "1 MiB",
@@ -112,7 +112,7 @@ def test_plan_splits_the_budget():
     stored = _plan(CARRY + MAX_STEPS * ROW)
     assert (stored.checkpoints, stored.tape_steps) == (1, MAX_STEPS)
     assert _plan(3 * CARRY).tape_steps == 0
-    memory = DEFAULT * CARRY + 7 * ROW + CARRY - 1
+    memory = SLOTS_BESIDE_TAPE * CARRY + 7 * ROW + CARRY - 1
     short = _plan(memory)
     c, rows = short.checkpoints, short.tape_steps
     assert c * rows >= MAX_STEPS  # blocks a checkpoint apart cover the loop
@@ -148,7 +148,7 @@ def test_gradient_and_evaluations_match_the_plan(memory, n):
 # blocks reached by advances; blocks a checkpoint apart, the last in the forward
 # sweep's ring; every step taped
 @pytest.mark.parametrize(
-    "memory", [4 * CARRY + 4 * ROW, DEFAULT * CARRY + 7 * ROW + CARRY - 1, "1 MiB"]
+    "memory", [4 * CARRY + 4 * ROW, SLOTS_BESIDE_TAPE * CARRY + 7 * ROW + CARRY - 1, "1 MiB"]
 )
 def test_transforms_compose_with_a_budget(memory):
     """vmap over the trip count, `jax.hessian`, `grad` of `grad`, `grad` of `jvp`

@@ -88,9 +88,9 @@ def while_loop(
         `warn=True`).
     - `checkpoints`: how many copies of the carry the backward pass may hold, a
         positive `int`. `None` picks every step when `max_steps <= 16`, otherwise
-        `ceil(log2(max_steps)) + 4` (16 at `max_steps=4096`), and 16 for
-        `max_steps=None`. More than `max_steps` are never used. More checkpoints
-        cost memory and save recomputation: with `c` checkpoints an `n`-step
+        `2 * (ceil(log2(max_steps)) + 4)` (28 at `max_steps=1024`, 32 at 4096),
+        and 32 for `max_steps=None`. More than `max_steps` are never used. More
+        checkpoints cost memory and save recomputation: with `c` checkpoints an `n`-step
         gradient makes at most `2n + r n` body evaluations, where `r` is the
         smallest integer with `binomial(c + r, r) >= n`.
     - `memory`: instead of `checkpoints`, a budget for what the backward pass
