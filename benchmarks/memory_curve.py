@@ -9,8 +9,8 @@ with budgets of `ckscan40`'s temp memory and of every step taped.
     python benchmarks/memory_curve.py --compile-pairs 20 [--only LABEL...] [--out FILE]
     python benchmarks/memory_curve.py --cheap [--out FILE]
 
-Results: the chip's `benchmarks/results/memory_curve_tpu_69b4ed9.json`, the CPU's
-`memory_curve_cpu_cheap.json`.
+Results: the chip's `benchmarks/results/memory_curve_tpu_4d0f910.json` and
+`memory_curve_compile_tpu_4d0f910.json`, the CPU's `memory_curve_cpu_cheap.json`.
 """
 
 import argparse
@@ -98,8 +98,8 @@ def compile_pairs(n, max_steps, variants, rounds, W, x):
     return rows
 
 
-RESULTS = {"tpu": "memory_curve_tpu_69b4ed9.json", "cpu": "memory_curve_cpu_cheap.json"}
-COMPILES = "memory_curve_compile_tpu_69b4ed9.json"
+RESULTS = {"tpu": "memory_curve_tpu_4d0f910.json", "cpu": "memory_curve_cpu_cheap.json"}
+COMPILES = "memory_curve_compile_tpu_4d0f910.json"
 
 
 def memory_curve_table(which: str) -> str:
@@ -114,10 +114,11 @@ def memory_curve_table(which: str) -> str:
             [f"`{r['variant']}`", seconds(r["grad_s"])]
             + ["-" if scan is None else f"{r['grad_s'] / scan:.3f}"]
             + [nbytes(r["temp_bytes"]), seconds(r["compile_s"])]
+            + ([r["commit"]] if "commit" in r else [])
             for r in here
         ]
         header = [f"n={n} of {here[0]['max_steps']}", "gradient", "x `lax.scan`"]
-        header += ["temp memory", "compile"]
+        header += ["temp memory", "compile"] + (["tree"] if "commit" in here[0] else [])
         lines.append(table(header, body))
     return page(*lines)
 
@@ -129,10 +130,11 @@ def compile_pairs_table() -> str:
     body = [
         [f"`{r['variant']}`", seconds(r["wall_s"]), f"{r['wall_over_equinox']:.2f}"]
         + [seconds(r["process_s"]), f"{r['process_over_equinox']:.2f}"]
+        + [r.get("commit", "-"), str(r["rounds"])]
         for r in rows
     ]
     header = ["n=256 of 1024", "compile, wall", "x equinox's", "process time"]
-    return page(table(header + ["x equinox's"], body))
+    return page(table(header + ["x equinox's", "tree", "rounds"], body))
 
 
 def main():

@@ -56,6 +56,7 @@ GENERATORS = {
     "memory_curve_tpu": made_by("memory_curve", "memory_curve_table", "tpu"),
     "memory_curve_compile_tpu": made_by("memory_curve", "compile_pairs_table"),
     "memory_curve_cpu": made_by("memory_curve", "memory_curve_table", "cpu"),
+    "split_table_tpu": made_by("split_table", "split_table_table"),
     "diffrax_neural_tpu": made_by("diffrax_adjoint", "diffrax_table", "neural_tpu"),
 }
 
