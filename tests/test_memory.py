@@ -152,3 +152,35 @@ def test_a_leaf_the_loop_never_changes_is_stored_once():
     hessian = jax.hessian(loss, argnums=1)(X, small, 17, 3)
     want = jax.hessian(scan_loss, argnums=1)(X, small, 17)
     assert jnp.allclose(hessian, want, atol=1e-6)
+
+
+def test_the_default_count_is_the_documented_one():
+    """`checkpoints=None` is every step up to `max_steps=16`, then
+    `2 * (ceil(log2(max_steps)) + 4)` copies (at most `max_steps`), and 32 with no
+    bound: the gradient makes the body evaluations and holds the temporary memory
+    of that count given explicitly."""
+    from boundedloop._sweeps._schedule import default_checkpoints
+
+    expected = {1: 1, 16: 16, 17: 17, 18: 18, 20: 18, 1024: 28, 4096: 32, None: 32}
+    assert {m: default_checkpoints(m) for m in expected} == expected
+    calls = []
+
+    def loss(x, n, checkpoints):
+        def body(c):
+            jax.debug.callback(lambda: calls.append(1))
+            return jnp.sin(c[0]) + 0.5, c[1] + 1
+
+        final = bl.while_loop(
+            lambda c: c[1] < n, body, (x, 0), max_steps=64, checkpoints=checkpoints
+        )
+        return jnp.sum(final[0])
+
+    found = {}
+    for checkpoints in [None, 20, 10]:
+        grad = jax.jit(jax.grad(loss), static_argnums=2)
+        compiled = grad.lower(X, 60, checkpoints).compile()
+        calls.clear()
+        jax.block_until_ready(grad(X, 60, checkpoints))
+        found[checkpoints] = (len(calls), compiled.memory_analysis().temp_size_in_bytes)
+    assert found[None] == found[20], found  # 2 * (6 + 4) at `max_steps=64`
+    assert found[10][0] > found[20][0], found  # fewer copies: more recomputation
