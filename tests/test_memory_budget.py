@@ -148,7 +148,8 @@ def test_gradient_and_evaluations_match_the_plan(memory, n):
 # blocks reached by advances; blocks a checkpoint apart, the last in the forward
 # sweep's ring; every step taped
 @pytest.mark.parametrize(
-    "memory", [4 * CARRY + 4 * ROW, SLOTS_BESIDE_TAPE * CARRY + 7 * ROW + CARRY - 1, "1 MiB"]
+    "memory",
+    [4 * CARRY + 4 * ROW, SLOTS_BESIDE_TAPE * CARRY + 7 * ROW + CARRY - 1, "1 MiB"],
 )
 def test_transforms_compose_with_a_budget(memory):
     """vmap over the trip count, `jax.hessian`, `grad` of `grad`, `grad` of `jvp`

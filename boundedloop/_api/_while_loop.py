@@ -90,9 +90,9 @@ def while_loop(
         positive `int`. `None` picks every step when `max_steps <= 16`, otherwise
         `2 * (ceil(log2(max_steps)) + 4)` (28 at `max_steps=1024`, 32 at 4096),
         and 32 for `max_steps=None`. More than `max_steps` are never used. More
-        checkpoints cost memory and save recomputation: with `c` checkpoints an `n`-step
-        gradient makes at most `2n + r n` body evaluations, where `r` is the
-        smallest integer with `binomial(c + r, r) >= n`.
+        checkpoints cost memory and save recomputation: with `c` checkpoints an
+        `n`-step gradient makes at most `2n + r n` body evaluations, where `r` is
+        the smallest integer with `binomial(c + r, r) >= n`.
     - `memory`: instead of `checkpoints`, a budget for what the backward pass
         holds for this loop: an `int` of bytes, or a string with a unit (`"2 GiB"`,
         `"500 MB"`). When one copy of the carry and `max_steps` steps' residuals

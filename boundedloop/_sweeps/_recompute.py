@@ -41,8 +41,9 @@ def split_rule(slots: int, max_steps: int | None, in_order: bool = False) -> Cal
       `_cost_model.IN_ORDER_STEPS` long): by a loop over the repetition number,
       which keeps no array (a table is one large array);
     - where `_cost_model.lists_splits` (a bounded loop whose table is small enough
-      for the backend): read from a table of every split, listed while tracing (one lookup, where computing the split
-      takes several kernels for XLA to compile);
+      for the backend): read from a table of every split, listed while tracing
+      (one lookup, where computing the split takes several kernels for XLA to
+      compile);
     - otherwise: computed from a table of binomial coefficients.
     """
     # the table is a constant of the program: past `SPLIT_SLOTS` slots the split is

@@ -37,7 +37,8 @@ def default_checkpoints(max_steps: int | None) -> int:
     Up to 4d0f910 it was half that, `ceil(log2(max_steps)) + 4`. Twice the copies
     buy less recomputation: on `headline.py`'s small workload on a CPU, 28
     checkpoints took 0.92 times 14's gradient time at n=256 of 1024, and 32 took
-    0.89 times 16's at n=2048 of 4096 (`docs/guides/choosing-checkpoints.md`)."""
+    0.89 times 16's at n=2048 of 4096 (`docs/performance.md`, "Time against
+    memory")."""
     if max_steps is None:
         return 32
     if max_steps <= 16:
